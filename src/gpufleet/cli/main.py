@@ -1,0 +1,57 @@
+"""`gpufleet`: run the fleet's playbooks and the local lab.
+
+    gpufleet lab up        bring the local Proxmox lab node up (idempotent)
+    gpufleet lab status    the lab's services and its containers, API and LXC side by side
+    gpufleet lab reset     destroy every lab container; the lab stays up
+    gpufleet lab down      take the lab away, leaving nothing behind
+"""
+
+import argparse
+import sys
+
+from .. import __version__
+
+
+def lab_command(args):
+    from ..lab import manager
+    from ..lab.host import LabError
+    say = (lambda *a: None) if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        if args.action == 'up':
+            st = manager.up(say=say)
+        elif args.action == 'down':
+            manager.down(say=say)
+            return 0
+        elif args.action == 'reset':
+            st = manager.reset(say=say)
+        else:
+            st = manager.status()
+    except LabError as e:
+        print('gpufleet lab {0}: {1}'.format(args.action, e), file=sys.stderr)
+        return 1
+    print(manager.dumps(st) if args.json else manager.render_status(st))
+    if args.action == 'status' and not st['api_running']:
+        return 3
+    return 0
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog='gpufleet', description=__doc__.split('\n\n')[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split('\n\n', 1)[1])
+    parser.add_argument('--version', action='version', version='gpufleet ' + __version__)
+    sub = parser.add_subparsers(dest='command', required=True)
+    lab = sub.add_parser('lab', help='the local Proxmox lab node')
+    lab.add_argument('action', choices=('up', 'down', 'status', 'reset'))
+    lab.add_argument('--json', action='store_true', help='print the status as JSON')
+    lab.set_defaults(func=lab_command)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == '__main__':
+    sys.exit(main())

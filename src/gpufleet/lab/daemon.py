@@ -1,0 +1,260 @@
+"""The lab node's PVE API: fakepve, with every container backed by a real LXC container.
+
+    python -m gpufleet.lab.daemon
+
+fakepve answers the API (auth, permissions, schema checks, tasks, locks, pending
+changes); this subclass makes each container task real before the task ends:
+create, start, stop, reboot and destroy act on the LXC container named by the
+vmid, and a config change on a running container is hot-plugged the way PVE does
+(new devN and mpN, memory, cores, hostname).  What cannot be applied live is put
+back into pending, so the API never claims what the container does not have.
+The state is saved after every change and the node's `/etc/pve/lxc/<vmid>.conf`
+files are written from it, which is what `pct` reads.
+
+A control socket (`run/control.sock`, root only) lets tests reach the fake's own
+levers: the request log, failure injection and config locks.
+"""
+
+import asyncio
+import json
+import os
+import signal
+import sys
+
+from aiohttp import web
+from fakepve.model import TaskError
+from fakepve.server import FakePve
+
+from . import pveconf
+from .containers import BackendError, Containers
+from .layout import TEMPLATE, Lab, write_json
+
+# What the lab's API token may do on '/': an administrator's token, still not root@pam.
+TOKEN_PRIVILEGES = ('VM.Allocate', 'VM.Audit', 'VM.Config.CPU', 'VM.Config.Memory', 'VM.Config.Disk',
+                    'VM.Config.Network', 'VM.Config.Options', 'VM.Config.HWType', 'VM.Config.Cloudinit',
+                    'VM.PowerMgmt', 'VM.Console', 'VM.Backup', 'VM.Snapshot', 'VM.Migrate',
+                    'Datastore.Allocate', 'Datastore.AllocateSpace', 'Datastore.AllocateTemplate',
+                    'Datastore.Audit', 'Sys.Audit', 'Sys.Modify', 'Sys.Console', 'SDN.Use', 'Pool.Audit')
+
+# Container tasks whose outcome the real container must follow.
+CT_TASKS = ('vzcreate', 'vzrestore', 'vzstart', 'vzstop', 'vzshutdown', 'vzreboot', 'vzdestroy',
+            'vzsuspend', 'vzresume')
+
+
+class LabPve(FakePve):
+    def __init__(self, lab, creds):
+        super().__init__(user='root@pam', password=creds['api_password'], host=lab.api_host, port=lab.api_port)
+        self.lab = lab
+        self.backend = Containers(lab)
+        self.time_scale = 0.0
+        self.nodes = {lab.node: {'online': True}}
+        token = '{0}!{1}'.format(creds['api_user'], creds['api_token_id'])
+        self.apitokens[token] = creds['api_token_secret']
+        self.grant(token, '/', *TOKEN_PRIVILEGES)
+        self.store_file('local', TEMPLATE, 130 * 1024 ** 2, content='vztmpl')
+        self._ct_locks = {}
+
+    # -- state ---------------------------------------------------------------
+    def load(self):
+        """Take the saved containers back, with the status their real containers have now."""
+        try:
+            with open(self.lab.state_file) as fh:
+                saved = json.load(fh)
+        except (OSError, ValueError):
+            saved = {'cts': []}
+        for item in saved['cts']:
+            real = self.backend.state(item['vmid'])
+            ct = self.add_ct(item['vmid'], node=item.get('node', self.lab.node),
+                             status='running' if real == 'running' else 'stopped',
+                             config=item['config'], pending=item.get('pending') or {}, defaults=False)
+            if real is None:
+                self.backend.ensure(ct.vmid, ct.config)
+        self.save()
+
+    def save(self):
+        cts = [{'vmid': ct.vmid, 'node': ct.node, 'status': ct.status, 'config': ct.config,
+                'pending': ct.pending} for ct in sorted(self.cts, key=lambda c: c.vmid)]
+        write_json(self.lab.state_file, {'cts': cts}, mode=0o600)
+        os.makedirs(self.lab.pve_conf_dir, exist_ok=True)
+        keep = set()
+        for ct in self.cts:
+            path = self.lab.pve_conf(ct.vmid)
+            keep.add(os.path.basename(path))
+            text = pveconf.dump(ct.config, ct.pending)
+            try:
+                with open(path) as fh:
+                    if fh.read() == text:
+                        continue
+            except OSError:
+                pass
+            with open(path + '.tmp', 'w') as fh:
+                fh.write(text)
+            os.replace(path + '.tmp', path)
+        for name in os.listdir(self.lab.pve_conf_dir):
+            if name.endswith('.conf') and name not in keep:
+                os.unlink(os.path.join(self.lab.pve_conf_dir, name))
+
+    def absorb_raw(self, ct):
+        """Raw `lxc.*` lines edited into the node's .conf file are part of the config, as on PVE."""
+        try:
+            with open(self.lab.pve_conf(ct.vmid)) as fh:
+                raw = pveconf.parse(fh.read())[0].get('lxc', [])
+        except OSError:
+            return
+        if raw:
+            ct.config['lxc'] = raw
+        else:
+            ct.config.pop('lxc', None)
+
+    # -- the real side of tasks and config changes ----------------------------
+    def _ct_lock(self, vmid):
+        return self._ct_locks.setdefault(vmid, asyncio.Lock())
+
+    async def _sync(self, vmid):
+        ct = self.ct(vmid)
+        if ct is not None:
+            self.absorb_raw(ct)
+        wanted = None if ct is None else {'status': ct.status, 'config': dict(ct.config)}
+        loop = asyncio.get_running_loop()
+        async with self._ct_lock(vmid):
+            try:
+                refused = await loop.run_in_executor(None, self.backend.reconcile, vmid, wanted)
+            except BackendError:
+                if ct is not None and ct.status == 'running' and self.backend.state(vmid) != 'running':
+                    ct.status, ct.pid = 'stopped', None
+                self.save()
+                raise
+        if ct is not None:
+            applied = self.backend.applied(vmid)
+            for key in refused:
+                ct.pending[key] = ct.config.get(key)
+                if key in applied:
+                    ct.config[key] = applied[key]
+                else:
+                    ct.config.pop(key, None)
+        self.save()
+
+    async def task(self, node, ttype, tid, user, body, vm=None, lock=True, log=()):
+        if ttype not in CT_TASKS or not str(tid).isdigit():
+            return await super().task(node, ttype, tid, user, body, vm=vm, lock=lock, log=log)
+        vmid = int(tid)
+
+        async def real():
+            note = await body()
+            try:
+                await self._sync(vmid)
+            except BackendError as e:
+                # The task's own record: the one running task of this type on this container.
+                for record in reversed(self.tasklog):
+                    if record['status'] == 'running' and record['type'] == ttype and record['id'] == str(vmid):
+                        record['log'].extend(e.log)
+                        break
+                raise TaskError(str(e)) from None
+            return note
+        return await super().task(node, ttype, tid, user, real, vm=vm, lock=lock, log=log)
+
+    async def _lxc_config_get(self, user, v):
+        ct = self.ct(int(v['vmid']))
+        if ct is not None:
+            self.absorb_raw(ct)
+        return await super()._lxc_config_get(user, v)
+
+    async def _lxc_config_put(self, user, v):
+        ct = self.ct(int(v['vmid']))
+        if ct is not None:
+            self.absorb_raw(ct)
+        result = await super()._lxc_config_put(user, v)
+        ct = self.ct(int(v['vmid']))
+        if ct is not None and ct.status == 'running':
+            await self._sync(ct.vmid)
+        else:
+            self.save()
+        return result
+
+    # -- control socket --------------------------------------------------------
+    def control_app(self):
+        app = web.Application()
+        r = app.router
+        r.add_get('/requests', self._c_requests)
+        r.add_delete('/requests', self._c_requests_clear)
+        r.add_post('/fail', self._c_fail)
+        r.add_delete('/fail', self._c_fail_clear)
+        r.add_post('/lock', self._c_lock)
+        r.add_get('/state', self._c_state)
+        return app
+
+    async def _c_requests(self, request):
+        return web.json_response([list(item[:2]) + [item[2].decode('utf-8', 'replace')
+                                                    if isinstance(item[2], bytes) else item[2]]
+                                  for item in self.requests])
+
+    async def _c_requests_clear(self, request):
+        del self.requests[:]
+        return web.json_response(True)
+
+    async def _c_fail(self, request):
+        spec = await request.json()
+        self.fail(spec['method'], spec['suffix'], status=spec.get('status'), message=spec.get('message'),
+                  error=spec.get('error'), times=spec.get('times'))
+        return web.json_response(True)
+
+    async def _c_fail_clear(self, request):
+        self.failures.clear()
+        return web.json_response(True)
+
+    async def _c_lock(self, request):
+        """{vmid, lock}: set a config lock (backup, snapshot, ...); lock null or '' clears it."""
+        spec = await request.json()
+        ct = self.ct(int(spec['vmid']))
+        if ct is None:
+            raise web.HTTPNotFound(text='no CT {0}'.format(spec['vmid']))
+        ct.lock = spec.get('lock') or None
+        self.save()
+        return web.json_response(True)
+
+    async def _c_state(self, request):
+        out = []
+        for ct in sorted(self.cts, key=lambda c: c.vmid):
+            out.append({'vmid': ct.vmid, 'api': ct.status, 'real': self.backend.state(ct.vmid),
+                        'hostname': ct.name, 'lock': ct.lock})
+        return web.json_response(out)
+
+
+async def serve(lab):
+    creds = lab.credentials()
+    pve = LabPve(lab, creds)
+    pve.load()
+    await pve.start(os.path.join(lab.tls_dir, 'server.pem'), os.path.join(lab.tls_dir, 'server.key'))
+    sock = lab.path('run', 'control.sock')
+    if os.path.exists(sock):
+        os.unlink(sock)
+    runner = web.AppRunner(pve.control_app())
+    await runner.setup()
+    old = os.umask(0o077)
+    try:
+        await web.UnixSite(runner, sock).start()
+    finally:
+        os.umask(old)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print('lab: PVE API on {0}, node {1}, {2} containers'.format(pve.url, lab.node, len(pve.cts)), flush=True)
+    await stop.wait()
+    await runner.cleanup()
+    await pve.stop()
+    pve.save()
+    print('lab: stopped', flush=True)
+
+
+def main():
+    lab = Lab()
+    try:
+        asyncio.run(serve(lab))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

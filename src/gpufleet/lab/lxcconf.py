@@ -1,0 +1,220 @@
+"""Translate a PVE container config into the real LXC config of a lab container.
+
+Pure functions, so that what the lab makes of each PVE key can be read and tested
+in one place.  PVE itself writes `lxc.cgroup2.*` lines; the lab writes the keys
+for the host's cgroup version (`cgroup_v2=False` on a cgroup v1 host) and
+translates raw `lxc.cgroup2.*` entries the same way.
+"""
+
+import os
+import re
+import stat
+
+from .layout import UNPRIV_BASE, UNPRIV_RANGE
+
+# The device rules LXC's common.conf sets, restated after the includes because
+# userns.conf empties them: deny all, then what every container needs.
+BASE_DEVICE_RULES = ('c *:* m', 'b *:* m', 'c 1:3 rwm', 'c 1:5 rwm', 'c 1:7 rwm', 'c 1:8 rwm', 'c 1:9 rwm',
+                     'c 5:0 rwm', 'c 5:1 rwm', 'c 5:2 rwm', 'c 136:* rwm', 'c 10:229 rwm')
+
+DEFAULT_KEYS = {'net': 'name', 'dev': 'path', 'mp': 'volume', 'rootfs': 'volume'}
+
+
+class ConfigError(Exception):
+    """The PVE config cannot be made into a container on this node."""
+
+
+def split_props(text, default_key=None):
+    """Parse a PVE property string ('a=1,b=2', or a leading value for default_key) into a dict."""
+    out = {}
+    for part in str(text).split(','):
+        if not part:
+            continue
+        key, eq, value = part.partition('=')
+        if not eq:
+            if default_key is None:
+                raise ConfigError('cannot parse {0!r}: {1!r} has no key'.format(text, part))
+            key, value = default_key, part
+        out[key.strip()] = value.strip()
+    return out
+
+
+def cgroup_key(name, cgroup_v2):
+    """`lxc.cgroup2.NAME` or `lxc.cgroup.NAME` with the v1 name of the same limit."""
+    if cgroup_v2:
+        return 'lxc.cgroup2.' + name
+    v1 = {'memory.max': 'memory.limit_in_bytes', 'cpu.max': 'cpu.cfs_quota_us'}.get(name, name)
+    return 'lxc.cgroup.' + v1
+
+
+def translate_raw(key, value, cgroup_v2):
+    """A raw lxc.* entry as this host needs it (cgroup2 keys become cgroup keys on a v1 host)."""
+    if not cgroup_v2 and key.startswith('lxc.cgroup2.'):
+        return cgroup_key(key[len('lxc.cgroup2.'):], False), value
+    if cgroup_v2 and key.startswith('lxc.cgroup.'):
+        return 'lxc.cgroup2.' + key[len('lxc.cgroup.'):], value
+    return key, value
+
+
+def devices(config):
+    """The devN entries, parsed, in index order: [(key, {path, mode?, uid?, gid?, deny-write?})]."""
+    found = []
+    for key in config:
+        m = re.fullmatch(r'dev(\d+)', key)
+        if m:
+            found.append((int(m.group(1)), key, split_props(config[key], 'path')))
+    return [(key, props) for _, key, props in sorted(found)]
+
+
+def device_node(props, dev_dir='/dev'):
+    """(char|block, major, minor, mode) of the host node behind a devN entry, or ConfigError."""
+    path = props['path']
+    if not path.startswith('/dev/'):
+        raise ConfigError("device path '{0}' is not under /dev".format(path))
+    host = os.path.join(dev_dir, path[len('/dev/'):])
+    try:
+        st = os.stat(host)
+    except FileNotFoundError:
+        raise ConfigError("Device {0} does not exist".format(path)) from None
+    if stat.S_ISCHR(st.st_mode):
+        kind = 'c'
+    elif stat.S_ISBLK(st.st_mode):
+        kind = 'b'
+    else:
+        raise ConfigError('Path {0} is not a device'.format(path))
+    mode = int(props['mode'], 8) if props.get('mode') else stat.S_IMODE(st.st_mode)
+    return kind, os.major(st.st_rdev), os.minor(st.st_rdev), mode
+
+
+def render(vmid, config, lab, cgroup_v2, rootfs_lower, passthrough):
+    """The LXC config text for a container.
+
+    passthrough: {devN key: host path of the node the lab made for it}.
+    """
+    unpriv = str(config.get('unprivileged', '0')) == '1'
+    ct_dir = lab.ct_dir(vmid)
+    lines = ['# Written by the gpufleet lab from /etc/pve/lxc/{0}.conf; do not edit.'.format(vmid),
+             'lxc.include = /usr/share/lxc/config/common.conf']
+    if unpriv:
+        lines += ['lxc.include = /usr/share/lxc/config/userns.conf',
+                  'lxc.idmap = u 0 {0} {1}'.format(UNPRIV_BASE, UNPRIV_RANGE),
+                  'lxc.idmap = g 0 {0} {1}'.format(UNPRIV_BASE, UNPRIV_RANGE)]
+    lines += ['lxc.arch = amd64',
+              'lxc.uts.name = {0}'.format(config.get('hostname') or 'CT{0}'.format(vmid)),
+              'lxc.rootfs.path = overlay:{0}:{1}'.format(rootfs_lower, os.path.join(ct_dir, 'delta0')),
+              'lxc.console.logfile = {0}'.format(os.path.join(ct_dir, 'console.log')),
+              'lxc.signal.halt = SIGRTMIN+3',
+              'lxc.apparmor.profile = unconfined']
+    prefix = 'lxc.cgroup2.' if cgroup_v2 else 'lxc.cgroup.'
+    lines.append(prefix + 'devices.deny = a')
+    lines += [prefix + 'devices.allow = ' + rule for rule in BASE_DEVICE_RULES]
+    lines += network_lines(vmid, config)
+    lines += limit_lines(config, cgroup_v2)
+    lines += mount_lines(vmid, config, lab)
+    for key, props in devices(config):
+        kind, major, minor, _mode = device_node(props, lab.dev_dir)
+        access = 'r' if props.get('deny-write') in ('1', 'true') else 'rw'
+        target = props['path'].lstrip('/')
+        lines.append('lxc.mount.entry = {0} {1} none bind,create=file 0 0'.format(passthrough[key], target))
+        lines.append('{0}devices.allow = {1} {2}:{3} {4}'.format(prefix, kind, major, minor, access))
+    for key, value in config.get('lxc', []) or []:
+        key, value = translate_raw(key, value, cgroup_v2)
+        lines.append('{0} = {1}'.format(key, value))
+    return '\n'.join(lines) + '\n'
+
+
+def networks(config):
+    """The netN entries, parsed: [(index, props)]."""
+    found = []
+    for key in config:
+        m = re.fullmatch(r'net(\d+)', key)
+        if m:
+            found.append((int(m.group(1)), split_props(config[key], 'name')))
+    return sorted(found, key=lambda x: x[0])
+
+
+def network_lines(vmid, config):
+    lines = []
+    for n, (index, props) in enumerate(networks(config)):
+        bridge = props.get('bridge')
+        if not bridge:
+            raise ConfigError('net{0}: no bridge given'.format(index))
+        if not os.path.isdir('/sys/class/net/{0}/bridge'.format(bridge)):
+            raise ConfigError("bridge '{0}' does not exist".format(bridge))
+        p = 'lxc.net.{0}.'.format(n)
+        lines += [p + 'type = veth', p + 'link = ' + bridge, p + 'flags = up',
+                  p + 'name = ' + props.get('name', 'eth{0}'.format(index)),
+                  p + 'veth.pair = veth{0}i{1}'.format(vmid, index)]
+        if props.get('hwaddr'):
+            lines.append(p + 'hwaddr = ' + props['hwaddr'])
+        if props.get('mtu'):
+            lines.append(p + 'mtu = ' + props['mtu'])
+        ip = props.get('ip')
+        if ip and ip not in ('dhcp', 'manual'):
+            lines.append(p + 'ipv4.address = ' + ip)
+            if props.get('gw'):
+                lines.append(p + 'ipv4.gateway = ' + props['gw'])
+    return lines
+
+
+def limit_lines(config, cgroup_v2):
+    lines = []
+    if config.get('memory'):
+        lines.append('{0} = {1}'.format(cgroup_key('memory.max', cgroup_v2), int(config['memory']) * 1024 * 1024))
+    if config.get('cores'):
+        cores = min(int(config['cores']), os.cpu_count() or 1)
+        lines.append('{0} = 0-{1}'.format(cgroup_key('cpuset.cpus', cgroup_v2), cores - 1))
+    return lines
+
+
+def mount_lines(vmid, config, lab):
+    """mpN: a host path is bind-mounted; a storage volume is a directory of the container's."""
+    lines = []
+    found = sorted((int(k[2:]), k) for k in config if re.fullmatch(r'mp\d+', k))
+    for _, key in found:
+        props = split_props(config[key], 'volume')
+        volume, target = props.get('volume', ''), props.get('mp')
+        if not target:
+            raise ConfigError('{0}: no mount point (mp=) given'.format(key))
+        if volume.startswith('/'):
+            source = volume
+            if not os.path.exists(source):
+                raise ConfigError("{0}: '{1}' does not exist on the node".format(key, source))
+        else:
+            source = volume_dir(lab, vmid, volume)
+        opts = 'bind,create=dir'
+        if props.get('ro') in ('1', 'true'):
+            opts += ',ro'
+        lines.append('lxc.mount.entry = {0} {1} none {2} 0 0'.format(source, target.lstrip('/'), opts))
+    return lines
+
+
+def volume_dir(lab, vmid, volume):
+    """The directory standing in for a storage volume ('local-lvm:vm-101-disk-1')."""
+    return os.path.join(lab.ct_dir(vmid), 'volumes', volume.replace(':', '_').replace('/', '_'))
+
+
+def network_files(config):
+    """Files the lab writes into the container at start, as PVE does: {path: text}."""
+    files = {}
+    for index, props in networks(config):
+        name = props.get('name', 'eth{0}'.format(index))
+        ip = props.get('ip')
+        body = ['[Match]', 'Name={0}'.format(name), '', '[Network]']
+        if ip == 'dhcp':
+            body.append('DHCP=ipv4')
+        elif ip and ip != 'manual':
+            body.append('Address={0}'.format(ip))
+            if props.get('gw'):
+                body.append('Gateway={0}'.format(props['gw']))
+        else:
+            continue
+        files['/etc/systemd/network/{0}.network'.format(name)] = '\n'.join(body) + '\n'
+    hostname = config.get('hostname')
+    if hostname:
+        files['/etc/hostname'] = hostname + '\n'
+        files['/etc/hosts'] = ('127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n'
+                               '127.0.1.1 {0}\n'.format(hostname))
+    if config.get('nameserver'):
+        files['/etc/resolv.conf'] = ''.join('nameserver {0}\n'.format(ns) for ns in config['nameserver'].split())
+    return files
