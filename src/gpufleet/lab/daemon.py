@@ -62,6 +62,8 @@ class LabPve(FakePve):
                 saved = json.load(fh)
         except (OSError, ValueError):
             saved = {'cts': []}
+        # Tickets stay valid across a restart, as they do across a pveproxy restart on PVE.
+        self.tickets.update(saved.get('tickets') or {})
         for item in saved['cts']:
             real = self.backend.state(item['vmid'])
             ct = self.add_ct(item['vmid'], node=item.get('node', self.lab.node),
@@ -74,7 +76,7 @@ class LabPve(FakePve):
     def save(self):
         cts = [{'vmid': ct.vmid, 'node': ct.node, 'status': ct.status, 'config': ct.config,
                 'pending': ct.pending} for ct in sorted(self.cts, key=lambda c: c.vmid)]
-        write_json(self.lab.state_file, {'cts': cts}, mode=0o600)
+        write_json(self.lab.state_file, {'cts': cts, 'tickets': self.tickets}, mode=0o600)
         os.makedirs(self.lab.pve_conf_dir, exist_ok=True)
         keep = set()
         for ct in self.cts:

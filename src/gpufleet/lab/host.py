@@ -403,12 +403,19 @@ def start_daemon(lab):
     os.makedirs(os.path.dirname(lab.daemon_pid), exist_ok=True)
     os.makedirs(os.path.dirname(lab.daemon_log), exist_ok=True)
     env = dict(os.environ, GPUFLEET_LAB_DIR=lab.root, GPUFLEET_LAB_CACHE=lab.cache, PYTHONUNBUFFERED='1')
-    with open(lab.daemon_log, 'ab') as log:
-        proc = subprocess.Popen([sys.executable, '-m', 'gpufleet.lab.daemon'], stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-                                close_fds=True)
-    with open(lab.daemon_pid, 'w') as fh:
-        fh.write(str(proc.pid))
+    # Fork twice so that the daemon is nobody's child: it outlives this process and is reaped by init.
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setsid()
+            with open(lab.daemon_log, 'ab') as log:
+                proc = subprocess.Popen([sys.executable, '-m', 'gpufleet.lab.daemon'], stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=subprocess.STDOUT, env=env, close_fds=True)
+            with open(lab.daemon_pid, 'w') as fh:
+                fh.write(str(proc.pid))
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
     return True
 
 

@@ -1,0 +1,123 @@
+"""Shared fixtures: the lab, brought up once per session, and API helpers."""
+
+import os
+import subprocess
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEMPLATE_VOLID = 'local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst'
+
+
+@pytest.fixture(scope='session')
+def lab():
+    """The lab node, up (bringing it up is idempotent).  The lab is required: if it cannot run
+    here, the tests fail with the lab's own explanation rather than skip."""
+    from gpufleet.lab import manager
+    from gpufleet.lab.layout import Lab
+    lab = Lab()
+    manager.up(lab, say=lambda msg: print(msg))
+    return lab
+
+
+@pytest.fixture(scope='session')
+def creds(lab):
+    return lab.credentials()
+
+
+@pytest.fixture(scope='session')
+def control(lab):
+    from gpufleet.lab.control import Control
+    return Control(lab)
+
+
+class Pve:
+    """A thin proxmoxer wrapper for tests: wait on tasks, create and clean up containers."""
+
+    def __init__(self, api, node):
+        self.api = api
+        self.node = node
+        self.made = []
+
+    @property
+    def n(self):
+        return self.api.nodes(self.node)
+
+    def wait(self, upid, timeout=60):
+        end = time.monotonic() + timeout
+        while True:
+            st = self.n.tasks(upid).status.get()
+            if st['status'] == 'stopped':
+                return st, [line['t'] for line in self.n.tasks(upid).log.get(limit=500)]
+            assert time.monotonic() < end, 'task {0} still running after {1} s'.format(upid, timeout)
+            time.sleep(0.05)
+
+    def ok(self, upid):
+        st, log = self.wait(upid)
+        assert st['exitstatus'] == 'OK', (st, log)
+        return log
+
+    def create(self, vmid, **params):
+        params.setdefault('hostname', 'ct{0}'.format(vmid))
+        params.setdefault('storage', 'local-lvm')
+        params.setdefault('net0', 'name=eth0,bridge=vmbr0,ip=10.77.0.{0}/24,gw=10.77.0.1'.format(vmid % 200 + 2))
+        self.made.append(vmid)
+        return self.ok(self.n.lxc.post(vmid=vmid, ostemplate=TEMPLATE_VOLID, **params))
+
+    def ct(self, vmid):
+        return self.n.lxc(vmid)
+
+    def start(self, vmid):
+        return self.ok(self.ct(vmid).status.start.post())
+
+    def stop(self, vmid):
+        return self.ok(self.ct(vmid).status.stop.post())
+
+    def status(self, vmid):
+        return self.ct(vmid).status.current.get()['status']
+
+    def cleanup(self):
+        for vmid in self.made:
+            try:
+                if self.status(vmid) == 'running':
+                    self.stop(vmid)
+                self.ok(self.ct(vmid).delete())
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+
+def _api(creds, **auth):
+    from proxmoxer import ProxmoxAPI
+    return ProxmoxAPI(creds['api_host'], port=creds['api_port'], verify_ssl=creds['ca_path'], timeout=60, **auth)
+
+
+@pytest.fixture
+def pve(creds):
+    """root@pam with its password (what device passthrough needs)."""
+    p = Pve(_api(creds, user='root@pam', password=creds['api_password']), creds['node'])
+    yield p
+    p.cleanup()
+
+
+@pytest.fixture
+def pve_token(creds):
+    """The lab's API token (root@pam!gpufleet): administrator rights, but not root@pam itself."""
+    return Pve(_api(creds, user=creds['api_user'], token_name=creds['api_token_id'],
+                    token_value=creds['api_token_secret']), creds['node'])
+
+
+@pytest.fixture(scope='session')
+def node_ssh(creds):
+    """Run a command on the lab node over its real sshd, as Ansible would reach it."""
+    def run(command, **kwargs):
+        argv = ['ssh', '-i', creds['ssh_private_key_file'], '-o', 'UserKnownHostsFile=' + creds['ssh_known_hosts_file'],
+                '-o', 'StrictHostKeyChecking=yes', '-o', 'BatchMode=yes', '-p', str(creds['ssh_port']),
+                '{0}@{1}'.format(creds['ssh_user'], creds['ssh_host']), command]
+        return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120, **kwargs)
+    return run
+
+
+def pytest_collection_modifyitems(items):
+    """Tests marked `last` (taking the lab down and up again) run after all others."""
+    items.sort(key=lambda item: item.get_closest_marker('last') is not None)

@@ -1,0 +1,156 @@
+"""Containers made through the lab's API are real LXC containers, reached with `pct` over SSH."""
+
+import os
+import subprocess
+
+import pytest
+from gpufleet.lab import host, manager
+from gpufleet.lab.containers import Containers
+
+pytestmark = pytest.mark.lab
+
+OPEN = ('import errno, os, sys\n'
+        'for p in sys.argv[1:]:\n'
+        '    try:\n'
+        '        os.close(os.open(p, os.O_RDWR)); print(p, "OK")\n'
+        '    except OSError as e:\n'
+        '        print(p, errno.errorcode[e.errno])\n')
+
+
+def pct(node_ssh, command):
+    return node_ssh('pct ' + command)
+
+
+def opens(node_ssh, vmid, *paths):
+    """What opening each path inside the container gives: OK, ENXIO, EPERM, ENOENT."""
+    r = node_ssh("pct exec {0} -- python3 -c '{1}' {2}".format(vmid, OPEN, ' '.join(paths)))
+    assert r.returncode == 0, r.stderr
+    return dict(line.split() for line in r.stdout.splitlines())
+
+
+def agree(control, vmid):
+    row = [c for c in control.state() if c['vmid'] == vmid]
+    return (row[0]['api'], row[0]['real']) if row else None
+
+
+def test_container_runs_for_real_and_pct_reaches_it_over_ssh(lab, pve, control, node_ssh):
+    pve.create(941, hostname='alpha', cores=1, memory=768)
+    assert agree(control, 941) == ('stopped', 'stopped')
+    pve.start(941)
+    assert agree(control, 941) == ('running', 'running')
+    info = subprocess.run(['lxc-info', '-P', lab.lxcpath, '-n', '941', '-s', '-H'], stdout=subprocess.PIPE, text=True)
+    assert info.stdout.strip() == 'RUNNING'
+    r = pct(node_ssh, 'exec 941 -- hostname')
+    assert (r.returncode, r.stdout.strip()) == (0, 'alpha')
+    addr = pct(node_ssh, 'exec 941 -- ip -4 -o addr show dev eth0').stdout
+    assert '10.77.0.143/24' in addr
+    mem = subprocess.run(['lxc-cgroup', '-P', lab.lxcpath, '-n', '941', 'memory.limit_in_bytes'],
+                         stdout=subprocess.PIPE, text=True).stdout.strip()
+    assert int(mem) == 768 * 1024 * 1024
+    pve.stop(941)
+    assert agree(control, 941) == ('stopped', 'stopped')
+    assert pct(node_ssh, 'status 941').stdout.strip() == 'status: stopped'
+    pve.ok(pve.ct(941).delete())
+    assert agree(control, 941) is None
+    assert not os.path.exists(lab.ct_dir(941))
+    gone = pct(node_ssh, 'status 941')
+    assert gone.returncode != 0 and "lxc/941.conf' does not exist" in gone.stderr
+
+
+def test_devn_passthrough_hotplug_and_removal_on_restart(pve, node_ssh):
+    pve.create(942, dev0='path=/dev/nvidia0,mode=0666', dev1='/dev/nvidiactl')
+    pve.start(942)
+    seen = opens(node_ssh, 942, '/dev/nvidia0', '/dev/nvidiactl', '/dev/nvidia1')
+    # Passed through: the node is there and the cgroup lets it open; no driver behind it: ENXIO.
+    assert seen == {'/dev/nvidia0': 'ENXIO', '/dev/nvidiactl': 'ENXIO', '/dev/nvidia1': 'ENOENT'}
+    # A new devN is hot-plugged into the running container, as PVE does.
+    pve.ct(942).config.put(dev2='path=/dev/nvidia2')
+    assert pve.ct(942).config.get(current=1)['dev2'] == 'path=/dev/nvidia2'
+    assert opens(node_ssh, 942, '/dev/nvidia2') == {'/dev/nvidia2': 'ENXIO'}
+    # Removing one waits for a restart: pending until then, gone after.
+    pve.ct(942).config.put(delete='dev0')
+    pending = {p['key']: p for p in pve.ct(942).pending.get()}
+    assert pending['dev0'].get('delete') == 1
+    assert opens(node_ssh, 942, '/dev/nvidia0') == {'/dev/nvidia0': 'ENXIO'}
+    pve.stop(942)
+    pve.start(942)
+    assert 'dev0' not in pve.ct(942).config.get(current=1)
+    assert opens(node_ssh, 942, '/dev/nvidia0', '/dev/nvidia2') == {'/dev/nvidia0': 'ENOENT', '/dev/nvidia2': 'ENXIO'}
+
+
+def test_raw_lxc_entries_and_the_cgroup_rule(lab, pve, node_ssh):
+    """A node bound in without a cgroup rule gives EPERM; with the rule (written as cgroup2, as PVE
+    wants it) it gives ENXIO.  The raw lines live in the node's .conf, as on PVE < 8.1."""
+    pve.create(943)
+    conf = '/'.join([lab.pve_conf_dir, '943.conf'])
+    entry = 'lxc.mount.entry: /dev/nvidia5 dev/nvidia5 none bind,optional,create=file'
+    assert node_ssh("echo '{0}' >> {1}".format(entry, conf)).returncode == 0
+    raw = pve.ct(943).config.get()['lxc']
+    assert ['lxc.mount.entry', '/dev/nvidia5 dev/nvidia5 none bind,optional,create=file'] in raw
+    pve.start(943)
+    assert opens(node_ssh, 943, '/dev/nvidia5') == {'/dev/nvidia5': 'EPERM'}
+    pve.stop(943)
+    assert node_ssh("echo 'lxc.cgroup2.devices.allow: c 195:5 rw' >> {0}".format(conf)).returncode == 0
+    pve.start(943)
+    assert opens(node_ssh, 943, '/dev/nvidia5') == {'/dev/nvidia5': 'ENXIO'}
+
+
+def test_start_fails_when_a_device_is_missing_and_says_why(pve, control):
+    pve.create(944, dev0='path=/dev/nvidia-caps/nvidia-cap9')
+    st, log = pve.wait(pve.ct(944).status.start.post())
+    assert 'Device /dev/nvidia-caps/nvidia-cap9 does not exist' in st['exitstatus']
+    assert log[-1].startswith('TASK ERROR')
+    assert agree(control, 944) == ('stopped', 'stopped')
+
+
+def test_pct_exec_push_pull_and_exit_codes(lab, pve, node_ssh, tmp_path):
+    pve.create(945)
+    stopped = pct(node_ssh, 'exec 945 -- true')
+    assert stopped.returncode == 255 and 'CT 945 not running' in stopped.stderr
+    pve.start(945)
+    assert pct(node_ssh, "exec 945 -- sh -c 'exit 7'").returncode == 7
+    listing = pct(node_ssh, 'list').stdout.splitlines()
+    assert listing[0].split() == ['VMID', 'Status', 'Lock', 'Name']
+    assert ['945', 'running', 'ct945'] in [line.split() for line in listing[1:]]
+    config = dict(line.split(': ', 1) for line in pct(node_ssh, 'config 945').stdout.splitlines())
+    assert config['hostname'] == 'ct945' and config['unprivileged'] == '1'
+    # push with owner and mode, pull back: the same bytes.
+    src = tmp_path / 'payload.bin'
+    src.write_bytes(os.urandom(200000))
+    node_file = '/'.join([lab.root, 'payload.bin'])
+    with open(node_file, 'wb') as fh:
+        fh.write(src.read_bytes())
+    assert pct(node_ssh, 'push 945 {0} /tmp/payload.bin --perms 0600 --user 1000 --group 1000'.format(
+        node_file)).returncode == 0
+    assert pct(node_ssh, "exec 945 -- stat -c '%a %u %g %s' /tmp/payload.bin").stdout.split() == [
+        '600', '1000', '1000', '200000']
+    back = '/'.join([lab.root, 'payload.back'])
+    assert pct(node_ssh, 'pull 945 /tmp/payload.bin {0}'.format(back)).returncode == 0
+    with open(back, 'rb') as fh:
+        assert fh.read() == src.read_bytes()
+    os.unlink(back)
+    os.unlink(node_file)
+
+
+def test_unprivileged_maps_ids_and_privileged_does_not(lab, pve):
+    pve.create(946)
+    pve.create(947, unprivileged=0)
+    pve.start(946)
+    pve.start(947)
+    containers = Containers(lab)
+
+    def host_uid(vmid):
+        with open('/proc/{0}/status'.format(containers.pid(vmid))) as fh:
+            return [line.split()[1] for line in fh if line.startswith('Uid:')][0]
+    assert host_uid(946) == '100000'
+    assert host_uid(947) == '0'
+
+
+def test_api_state_survives_a_daemon_restart(lab, pve, control):
+    pve.create(948, cores=2)
+    pve.start(948)
+    host.stop_daemon(lab)
+    assert not host.daemon_running(lab)
+    manager.up(lab, say=lambda m: None)
+    assert agree(control, 948) == ('running', 'running')
+    assert pve.ct(948).config.get()['cores'] == 2
