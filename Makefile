@@ -1,0 +1,59 @@
+# gpufleet.proxmox — everything runs from this checkout, as root, on Debian 12 / Ubuntu 24.04.
+#   make demo   install what is needed, bring the lab up, run site.yml on it
+#   make test   every test: unit, lab integration, ansible-lint (production profile)
+PYTHON ?= python3
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+
+APT_PACKAGES := python3 python3-venv python3-dev gcc lxc debootstrap openssh-server openssh-client \
+	nftables iproute2 uidmap ca-certificates
+
+.PHONY: demo test deps venv lab-up lab-down lab-status unit integration lint bench clean
+
+demo: deps venv lab-up
+	ansible-playbook -i inventories/lab site.yml
+	gpufleet lab status
+
+test: deps venv lab-up unit integration lint
+
+deps:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+		| grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing: $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+lab-up: venv
+	gpufleet lab up
+
+lab-down: venv
+	gpufleet lab down
+
+lab-status: venv
+	gpufleet lab status
+
+unit: venv
+	python -m pytest -q tests/unit
+
+integration: venv lab-up
+	python -m pytest -q tests/integration
+
+lint: venv
+	ansible-lint --profile production
+
+bench: venv lab-up
+	python bench/lab_bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache
