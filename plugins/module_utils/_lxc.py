@@ -1,0 +1,497 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Declarative LXC containers on PVE: the wanted config, its comparison with the live one, and the
+reconcile (create, update with digest, power state, destroy) of one or many containers.
+
+The rules:
+- an option left out is not managed; an option given empty (`devices: []`, `features: []`) means
+  "none", and removes what is there;
+- property strings (netN, mpN, devN, features, rootfs) are compared parsed, order-insensitive;
+- nothing is created, changed or destroyed in check mode, and every change is in the diff;
+- an existing container is never destroyed or recreated unless `state: absent`.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import re
+
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._pve import PveError
+
+# Per-container options (PVE's names where PVE has one).
+CONTAINER_SPEC = dict(
+    vmid=dict(type='int'),
+    node=dict(type='str'),
+    hostname=dict(type='str'),
+    ostemplate=dict(type='str'),
+    storage=dict(type='str'),
+    rootfs=dict(type='str'),
+    cores=dict(type='int'),
+    memory=dict(type='int'),
+    swap=dict(type='int'),
+    net=dict(type='dict'),
+    features=dict(type='list', elements='str'),
+    unprivileged=dict(type='bool'),
+    onboot=dict(type='bool'),
+    tags=dict(type='list', elements='str'),
+    description=dict(type='str'),
+    nameserver=dict(type='str'),
+    searchdomain=dict(type='str'),
+    ssh_public_keys=dict(type='str', no_log=False),
+    mounts=dict(type='dict'),
+    devices=dict(type='list', elements='dict'),
+    state=dict(type='str', choices=['present', 'started', 'stopped', 'restarted', 'absent']),
+    restart_on_pending=dict(type='bool'),
+    force=dict(type='bool'),
+    purge=dict(type='bool'),
+)
+DEFAULTS = dict(unprivileged=True, state='present', restart_on_pending=False, force=False, purge=False)
+DEVICE_KEYS = ('path', 'mode', 'uid', 'gid', 'deny_write')
+CREATE_ONLY = ('ostemplate', 'storage', 'ssh_public_keys')
+# Keys PVE fills in on its own inside a netN value: not a difference unless asked for.
+NET_GENERATED = ('hwaddr', 'type')
+DEFAULT_KEY = {'net': 'name', 'mp': 'volume', 'dev': 'path', 'rootfs': 'volume', 'unused': 'volume'}
+NEW_VOLUME = re.compile(r'^([^:/]+):(\d+(?:\.\d+)?)$')
+
+
+class SpecError(Exception):
+    """A container definition that cannot be right: names the container and the field."""
+
+
+# -- property strings ------------------------------------------------------------------
+def parse_props(text, default_key=None):
+    out = {}
+    for part in str(text).split(','):
+        part = part.strip()
+        if not part:
+            continue
+        key, eq, value = part.partition('=')
+        if not eq:
+            if default_key is None:
+                raise SpecError('cannot parse {0!r}: {1!r} has no key'.format(text, part))
+            key, value = default_key, part
+        out[key.strip()] = value.strip()
+    return out
+
+
+def format_props(props, default_key=None):
+    parts = []
+    if default_key and default_key in props:
+        parts.append(str(props[default_key]))
+    for key in sorted(props):
+        if key != default_key:
+            parts.append('{0}={1}'.format(key, props[key]))
+    return ','.join(parts)
+
+
+def key_family(key):
+    m = re.match(r'^(net|mp|dev|unused)\d+$', key)
+    return m.group(1) if m else key
+
+
+def _size_gb(text):
+    m = re.match(r'^(\d+(?:\.\d+)?)([KMGT]?)$', str(text))
+    if not m:
+        return None
+    factor = {'K': 1.0 / 1024 ** 2, 'M': 1.0 / 1024, 'G': 1.0, 'T': 1024.0, '': 1.0}[m.group(2)]
+    return float(m.group(1)) * factor
+
+
+def canonical(key, value):
+    """A value in a form where equal means equal to PVE."""
+    family = key_family(key)
+    if family in ('net', 'mp', 'dev') or key in ('rootfs', 'features'):
+        props = parse_props(value, DEFAULT_KEY.get(family if family != key else key))
+        if family == 'dev' and 'mode' in props:
+            props['mode'] = '{0:04o}'.format(int(props['mode'], 8))
+        if family == 'net':
+            props = dict((k, v.lower() if k == 'hwaddr' else v) for k, v in props.items())
+        if key == 'features':
+            props = dict((k, '1' if v in ('1', 'true', 'on') else '0') for k, v in props.items())
+        return props
+    if key == 'tags':
+        return sorted(t for t in re.split(r'[;, ]+', str(value)) if t)
+    if key in ('cores', 'memory', 'swap', 'onboot', 'unprivileged'):
+        return int(value)
+    if key == 'description':
+        return str(value).rstrip('\n')
+    return str(value)
+
+
+def same(key, wanted, current):
+    """Does the live value satisfy the wanted one?"""
+    if current is None:
+        return wanted is None
+    if wanted is None:
+        return False
+    w, c = canonical(key, wanted), canonical(key, current)
+    family = key_family(key)
+    if family == 'net':
+        c = dict((k, v) for k, v in c.items() if k in w or k not in NET_GENERATED)
+    if family == 'mp' or key == 'rootfs':
+        new = NEW_VOLUME.match(w.get('volume', ''))
+        if new:
+            # "local-lvm:8" asks for a new 8 GiB volume; PVE answers with its name and size=8G.
+            storage, size = new.groups()
+            vol = c.get('volume', '')
+            if not vol.startswith(storage + ':') or _size_gb(c.get('size', '')) != float(size):
+                return False
+            w = dict((k, v) for k, v in w.items() if k != 'volume')
+            c = dict((k, v) for k, v in c.items() if k not in ('volume', 'size'))
+    return w == c
+
+
+# -- the wanted config -------------------------------------------------------------------
+def device_value(index, dev):
+    if not isinstance(dev, dict):
+        raise SpecError('devices[{0}] must be a dict with at least path'.format(index))
+    unknown = sorted(set(dev) - set(DEVICE_KEYS))
+    if unknown:
+        raise SpecError('devices[{0}]: unknown key(s) {1}; known: {2}'.format(index, ', '.join(unknown),
+                                                                            ', '.join(DEVICE_KEYS)))
+    path = dev.get('path')
+    if not path or not str(path).startswith('/dev/'):
+        raise SpecError('devices[{0}].path must be a device under /dev/, got {1!r}'.format(index, path))
+    props = {'path': path}
+    if dev.get('mode') is not None:
+        mode = str(dev['mode'])
+        if not re.match(r'^0?[0-7]{3,4}$', mode):
+            raise SpecError('devices[{0}].mode must be octal like 0666, got {1!r}'.format(index, dev['mode']))
+        props['mode'] = '{0:04o}'.format(int(mode, 8))
+    for key in ('uid', 'gid'):
+        if dev.get(key) is not None:
+            if not re.match(r'^\d+$', str(dev[key])):
+                raise SpecError('devices[{0}].{1} must be a number, got {2!r}'.format(index, key, dev[key]))
+            props[key] = str(dev[key])
+    if dev.get('deny_write') is not None:
+        props['deny-write'] = '1' if dev['deny_write'] in (True, 1, '1', 'true', 'yes') else '0'
+    return format_props(props, 'path')
+
+
+def _indexed(option, values, family):
+    if not isinstance(values, dict):
+        raise SpecError('{0} must be a dict of {1}N: value'.format(option, family))
+    out = {}
+    for key, value in values.items():
+        if not re.match(r'^{0}\d+$'.format(family), str(key)):
+            raise SpecError('{0}: key {1!r} is not {2}N'.format(option, key, family))
+        if isinstance(value, dict):
+            value = format_props(dict((k, str(v)) for k, v in value.items()),
+                                 DEFAULT_KEY[family] if DEFAULT_KEY[family] in value else None)
+        out[str(key)] = str(value)
+        parse_props(out[str(key)], DEFAULT_KEY[family])
+    return out
+
+
+def wanted_config(spec):
+    """(values, managed families): the PVE keys the spec sets, and which key families it owns whole."""
+    values, owned = {}, set()
+    for key in ('hostname', 'cores', 'memory', 'swap', 'description', 'nameserver', 'searchdomain'):
+        if spec.get(key) is not None:
+            values[key] = spec[key]
+    if spec.get('onboot') is not None:
+        values['onboot'] = 1 if spec['onboot'] else 0
+    if spec.get('tags') is not None:
+        owned.add('tags')
+        if spec['tags']:
+            values['tags'] = ';'.join(sorted(set(spec['tags'])))
+    if spec.get('features') is not None:
+        owned.add('features')
+        feats = {}
+        for item in spec['features']:
+            k, eq, v = str(item).partition('=')
+            if not eq:
+                raise SpecError('features: {0!r} must be key=value (e.g. nesting=1)'.format(item))
+            feats[k.strip()] = v.strip()
+        if feats:
+            values['features'] = format_props(feats)
+    if spec.get('net') is not None:
+        owned.add('net')
+        values.update(_indexed('net', spec['net'], 'net'))
+    if spec.get('mounts') is not None:
+        owned.add('mp')
+        values.update(_indexed('mounts', spec['mounts'], 'mp'))
+    if spec.get('devices') is not None:
+        owned.add('dev')
+        for i, dev in enumerate(spec['devices']):
+            values['dev{0}'.format(i)] = device_value(i, dev)
+    if spec.get('rootfs') is not None:
+        values['rootfs'] = spec['rootfs']
+    return values, owned
+
+
+def plan_update(values, owned, current):
+    """(set, delete, diff_before, diff_after) to turn current into what the spec wants."""
+    sets, deletes = {}, []
+    before, after = {}, {}
+    for key, value in sorted(values.items()):
+        if key == 'rootfs':
+            continue  # create-time; a size change is a resize (see plan_resize)
+        if not same(key, value, current.get(key)):
+            if key_family(key) == 'net' and key in current:
+                # Keep what PVE generated (the MAC address) unless the spec says otherwise.
+                props = parse_props(value, 'name')
+                for gen in NET_GENERATED:
+                    old = parse_props(current[key], 'name').get(gen)
+                    if gen not in props and old:
+                        props[gen] = old
+                value = format_props(props, 'name')
+            sets[key] = value
+            before[key] = current.get(key)
+            after[key] = value
+    for key in sorted(current):
+        family = key_family(key)
+        owned_here = family in owned and family != key or key in owned
+        if owned_here and key not in values and key not in ('digest',):
+            deletes.append(key)
+            before[key] = current[key]
+            after[key] = None
+    return sets, deletes, before, after
+
+
+def plan_resize(values, current):
+    """The rootfs size to grow to (e.g. '16G'), None, or SpecError for a shrink."""
+    want = values.get('rootfs')
+    if not want or 'rootfs' not in current:
+        return None
+    new = NEW_VOLUME.match(str(want))
+    size = new.group(2) if new else parse_props(want, 'volume').get('size')
+    if not size:
+        return None
+    have = _size_gb(parse_props(current['rootfs'], 'volume').get('size', '')) or 0
+    want_gb = _size_gb(size if not new else size + 'G')
+    if want_gb is None or want_gb == have:
+        return None
+    if want_gb < have:
+        raise SpecError('rootfs: cannot shrink from {0:g}G to {1:g}G'.format(have, want_gb))
+    return '{0:g}G'.format(want_gb)
+
+
+def validate(specs):
+    """Check every container before anything is asked of PVE; raise SpecError naming the field."""
+    seen = {}
+    for i, spec in enumerate(specs):
+        where = 'containers[{0}]'.format(i) if len(specs) > 1 else 'container'
+        vmid = spec.get('vmid')
+        if vmid is None:
+            raise SpecError('{0}: vmid is required'.format(where))
+        if not 100 <= int(vmid) <= 999999999:
+            raise SpecError('{0}: vmid {1} is out of range (100-999999999)'.format(where, vmid))
+        if vmid in seen:
+            raise SpecError('{0}: vmid {1} is also given by containers[{2}]'.format(where, vmid, seen[vmid]))
+        seen[vmid] = i
+        for key in ('cores', 'memory', 'swap'):
+            if spec.get(key) is not None and spec[key] < (0 if key == 'swap' else 1):
+                raise SpecError('{0} (vmid {1}): {2} must be positive, got {3}'.format(where, vmid, key, spec[key]))
+        if spec.get('hostname') is not None and not re.match(
+                r'^(?=.{1,253}$)[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\.[a-zA-Z0-9-]{1,63})*$', spec['hostname']):
+            raise SpecError('{0} (vmid {1}): hostname {2!r} is not a valid DNS name'.format(
+                where, vmid, spec['hostname']))
+        try:
+            wanted_config(spec)
+        except SpecError as e:
+            raise SpecError('{0} (vmid {1}): {2}'.format(where, vmid, e))
+
+
+class Reconciler(object):
+    """Reconcile containers with one client and one read of the cluster's guests.
+
+    Two phases: `plan` reads and compares (and raises SpecError for anything PVE would refuse),
+    `apply` sends the changes.  `reconcile_all` plans every container before it applies any.
+    """
+
+    def __init__(self, client, check_mode=False, lock_timeout=60):
+        self.client = client
+        self.check_mode = check_mode
+        self.lock_timeout = lock_timeout
+        self._guests = None
+
+    def guests(self):
+        if self._guests is None:
+            self._guests = self.client.guests()
+        return self._guests
+
+    # -- phase 1: read and compare ------------------------------------------------------
+    def plan(self, spec):
+        vmid = spec['vmid']
+        g = self.guests().get(vmid)
+        if g is not None and g.get('type') != 'lxc':
+            raise SpecError('vmid {0} is a {1} guest, not a container'.format(vmid, g.get('type')))
+        node = g['node'] if g else spec.get('node')
+        status = g.get('status') if g else None
+        res = dict(vmid=vmid, node=node, changed=False, created=False, changed_keys=[], pending=[],
+                   restart_required=False, status=status or 'absent',
+                   diff=dict(before={}, after={}, before_header='CT {0}'.format(vmid),
+                             after_header='CT {0}'.format(vmid)))
+        plan = dict(spec=spec, vmid=vmid, node=node, status=status, res=res, exists=g is not None,
+                    path='nodes/{0}/lxc/{1}'.format(node, vmid), action=None)
+        if spec['state'] == 'absent':
+            return self._plan_absent(plan)
+        values, owned = wanted_config(spec)
+        if g is None:
+            return self._plan_create(plan, values)
+        if spec.get('node') and spec['node'] != node:
+            raise SpecError('vmid {0} lives on node {1}, not {2}: moving it is not done here'.format(
+                vmid, node, spec['node']))
+        current = self.client.get(plan['path'] + '/config')
+        plan['current'] = current
+        unpriv = bool(int(current.get('unprivileged', 0)))
+        if spec.get('unprivileged') is not None and unpriv != spec['unprivileged']:
+            raise SpecError('vmid {0}: unprivileged is {1} and cannot change on an existing container; '
+                            'remove it (state: absent) and create it again to change it'.format(vmid, unpriv))
+        sets, deletes, before, after = plan_update(values, owned, current)
+        try:
+            resize = plan_resize(values, current)
+        except SpecError as e:
+            raise SpecError('vmid {0}: {1}'.format(vmid, e))
+        self._check_passthrough(vmid, sets, deletes)
+        plan.update(sets=sets, deletes=deletes, resize=resize)
+        res['diff']['before'].update(before)
+        res['diff']['after'].update(after)
+        if resize:
+            res['diff']['before']['rootfs'] = current.get('rootfs')
+            res['diff']['after']['rootfs'] = 'size={0}'.format(resize)
+        res['changed_keys'] = sorted(list(sets) + deletes + (['rootfs'] if resize else []))
+        res['changed'] = bool(res['changed_keys'])
+        if status == 'running' and res['changed']:
+            # What PVE will not apply live waits for a restart (known for sure after the change).
+            res['pending'] = sorted(k for k in res['changed_keys'] if k not in HOT_KEYS and not (
+                key_family(k) in ('dev', 'mp') and k in sets and k not in current))
+            res['restart_required'] = bool(res['pending'])
+        self._plan_power(plan)
+        return plan
+
+    def _check_passthrough(self, vmid, sets, deletes):
+        touched = [k for k in list(sets) + list(deletes) if key_family(k) == 'dev']
+        if touched and not self.client.is_root_password:
+            raise SpecError(
+                'vmid {0}: {1} (device passthrough) can only be set by root@pam logged in with its password; '
+                'PVE refuses it to every API token, root@pam\'s included. Connected as {2}: give '
+                'api_user: root@pam and api_password (from a vault) for passthrough runs.'.format(
+                    vmid, ', '.join(sorted(touched)), self.client.auth_label()))
+
+    def _plan_create(self, plan, values):
+        spec, res, vmid = plan['spec'], plan['res'], plan['vmid']
+        missing = [k for k in ('node', 'ostemplate') if not spec.get(k)]
+        if missing:
+            raise SpecError('vmid {0} does not exist; creating it needs {1}'.format(vmid, ' and '.join(missing)))
+        self._check_passthrough(vmid, values, [])
+        params = dict(values)
+        params.update(vmid=vmid, ostemplate=spec['ostemplate'], unprivileged=1 if spec.get('unprivileged', True) else 0)
+        if spec.get('storage'):
+            params['storage'] = spec['storage']
+        if spec.get('ssh_public_keys'):
+            params['ssh-public-keys'] = spec['ssh_public_keys']
+        plan['create'] = params
+        res.update(changed=True, created=True, changed_keys=sorted(values))
+        res['diff']['after'] = dict((k, v) for k, v in params.items() if k != 'ssh-public-keys')
+        plan['status'] = 'stopped'
+        self._plan_power(plan)
+        return plan
+
+    def _plan_power(self, plan):
+        spec, res, status = plan['spec'], plan['res'], plan['status']
+        state = spec['state']
+        action = None
+        if state == 'started' and status != 'running':
+            action = 'start'
+        elif state == 'stopped' and status == 'running':
+            action = 'shutdown'
+        elif state == 'restarted':
+            action = 'reboot' if status == 'running' else 'start'
+        elif status == 'running' and res['restart_required'] and spec.get('restart_on_pending'):
+            action = 'reboot'
+        plan['action'] = action
+        if action:
+            res['changed'] = True
+            res['power'] = action
+            res['diff']['before']['status'] = plan['res']['status']
+            res['diff']['after']['status'] = 'stopped' if action == 'shutdown' else 'running'
+            res['status'] = res['diff']['after']['status']
+        elif plan.get('create'):
+            res['status'] = 'stopped'
+
+    def _plan_absent(self, plan):
+        spec, res = plan['spec'], plan['res']
+        if not plan['exists']:
+            return plan
+        if plan['status'] == 'running' and not spec.get('force'):
+            raise SpecError('vmid {0} is running on {1}: state absent destroys it only with force: true'.format(
+                plan['vmid'], plan['node']))
+        plan['destroy'] = True
+        res.update(changed=True, status='absent')
+        res['diff']['before'] = {'status': plan['status']}
+        res['diff']['after'] = {'status': 'absent'}
+        return plan
+
+    # -- phase 2: change ------------------------------------------------------------------
+    def apply(self, plan):
+        res = plan['res']
+        if self.check_mode or not res['changed']:
+            return res
+        client, node, vmid, path = self.client, plan['node'], plan['vmid'], plan['path']
+        lt = self.lock_timeout
+        if plan.get('destroy'):
+            params = {'destroy-unreferenced-disks': 1}
+            if plan['spec'].get('purge'):
+                params['purge'] = 1
+            if plan['status'] == 'running':
+                params['force'] = 1
+            client.run_task('DELETE', path, node, 'destroy CT {0}'.format(vmid), lock_timeout=lt, **params)
+            return res
+        if plan.get('create'):
+            client.run_task('POST', 'nodes/{0}/lxc'.format(node), node, 'create CT {0}'.format(vmid),
+                            lock_timeout=lt, **plan['create'])
+        if plan.get('sets') or plan.get('deletes'):
+            params = dict(plan['sets'])
+            if plan['deletes']:
+                params['delete'] = ','.join(plan['deletes'])
+            params['digest'] = plan['current']['digest']
+            client.mutate('PUT', path + '/config', lock_timeout=lt, **params)
+        if plan.get('resize'):
+            upid = client.mutate('PUT', path + '/resize', lock_timeout=lt, disk='rootfs', size=plan['resize'])
+            if upid:
+                client.wait_task(node, upid, 'resize rootfs of CT {0}'.format(vmid))
+        if plan['status'] == 'running' and (plan.get('sets') or plan.get('deletes')):
+            res['pending'] = sorted(p['key'] for p in client.get(path + '/pending') if 'pending' in p or p.get('delete'))
+            res['restart_required'] = bool(res['pending'])
+        action = plan['action']
+        if action is None and res['restart_required'] and plan['spec'].get('restart_on_pending'):
+            action = 'reboot'
+        if action:
+            params = {'forceStop': 1} if action == 'shutdown' else {}
+            client.run_task('POST', '{0}/status/{1}'.format(path, action), node, '{0} CT {1}'.format(action, vmid),
+                            lock_timeout=lt, **params)
+            if action == 'reboot':
+                res['restart_required'] = False
+                res['pending'] = []
+        return res
+
+
+# What PVE applies to a running container without a restart (used to predict in check mode).
+HOT_KEYS = ('cores', 'memory', 'swap', 'cpulimit', 'cpuunits', 'description', 'onboot', 'tags', 'hostname',
+            'protection', 'startup', 'nameserver', 'searchdomain')
+
+
+def reconcile_all(client, specs, check_mode, lock_timeout=60):
+    """Validate every definition, plan every container (reads only), then apply the plans."""
+    validate(specs)
+    rec = Reconciler(client, check_mode, lock_timeout)
+    plans = [rec.plan(spec) for spec in specs]
+    results = []
+    for plan in plans:
+        try:
+            results.append(rec.apply(plan))
+        except PveError as e:
+            e.message = 'CT {0}: {1}'.format(plan['vmid'], e.message)
+            e.done = results
+            raise
+    return results
+
+
+def fail_result(err):
+    if isinstance(err, PveError):
+        return err.result()
+    return {'msg': str(err)}

@@ -1,0 +1,175 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one PVE API client of the collection: connection options, login, errors, tasks, locks.
+
+Every module that talks to the PVE API builds a `PveClient` from its parameters.  Errors come
+out as `PveError` with PVE's own message (the HTTP reason phrase), the per-field errors of a
+400, and for a failed task its exit status and the last lines of its log.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import time
+import traceback
+
+from ansible.module_utils.basic import env_fallback
+
+try:
+    from proxmoxer import ProxmoxAPI
+    from proxmoxer.core import ResourceException
+    HAS_PROXMOXER = True
+    PROXMOXER_IMPORT_ERROR = None
+except ImportError:
+    HAS_PROXMOXER = False
+    PROXMOXER_IMPORT_ERROR = traceback.format_exc()
+
+# Connection options, with community.proxmox's names and PROXMOX_* environment fallbacks.
+CONNECTION_SPEC = dict(
+    api_host=dict(type='str', required=True, fallback=(env_fallback, ['PROXMOX_HOST'])),
+    api_port=dict(type='int', default=8006, fallback=(env_fallback, ['PROXMOX_PORT'])),
+    api_user=dict(type='str', required=True, fallback=(env_fallback, ['PROXMOX_USER'])),
+    api_password=dict(type='str', no_log=True, fallback=(env_fallback, ['PROXMOX_PASSWORD'])),
+    api_token_id=dict(type='str', no_log=False, fallback=(env_fallback, ['PROXMOX_TOKEN_ID'])),
+    api_token_secret=dict(type='str', no_log=True, fallback=(env_fallback, ['PROXMOX_TOKEN_SECRET'])),
+    validate_certs=dict(type='bool', default=True, fallback=(env_fallback, ['PROXMOX_VALIDATE_CERTS'])),
+    ca_path=dict(type='path', fallback=(env_fallback, ['PROXMOX_CA_PATH'])),
+    timeout=dict(type='int', default=300),
+)
+CONNECTION_REQUIRED_ONE_OF = [('api_password', 'api_token_id')]
+CONNECTION_REQUIRED_TOGETHER = [('api_token_id', 'api_token_secret')]
+
+HTTP_TIMEOUT = 60
+TASK_LOG_LINES = 20
+LOCK_MARKERS = ('CT is locked', "can't lock file", 'VM is locked')
+
+
+class PveError(Exception):
+    """A PVE answer that ends the module: message, HTTP status, per-field errors, task log lines."""
+
+    def __init__(self, message, status=None, errors=None, log=None):
+        super(PveError, self).__init__(message)
+        self.message = message
+        self.status = status
+        self.errors = errors or {}
+        self.log = log or []
+
+    def result(self):
+        out = {'msg': self.message}
+        if self.status:
+            out['status_code'] = self.status
+        if self.errors:
+            out['errors'] = self.errors
+        if self.log:
+            out['task_log'] = self.log
+        return out
+
+
+def _translate(err, what):
+    """A proxmoxer ResourceException as PveError: PVE puts its message in the reason phrase."""
+    reason = getattr(err, 'content', None) or str(err)
+    errors = getattr(err, 'errors', None) or {}
+    msg = '{0}: {1} {2}'.format(what, err.status_code, reason)
+    if errors:
+        msg += ' ' + '; '.join('{0}: {1}'.format(k, v) for k, v in sorted(errors.items()))
+    return PveError(msg, status=err.status_code, errors=errors)
+
+
+class PveClient(object):
+    def __init__(self, params):
+        self.params = params
+        self.user = params['api_user']
+        self.token = params.get('api_token_id')
+        verify = params['validate_certs']
+        if verify and params.get('ca_path'):
+            verify = params['ca_path']
+        auth = dict(user=self.user)
+        if self.token:
+            auth.update(token_name=self.token, token_value=params['api_token_secret'])
+        else:
+            auth.update(password=params['api_password'])
+        self.task_timeout = params.get('timeout') or 300
+        self.requests = 0
+        try:
+            self.api = ProxmoxAPI(params['api_host'], port=params['api_port'], verify_ssl=verify,
+                                  timeout=HTTP_TIMEOUT, service='PVE', **auth)
+            if not self.token:
+                self.requests += 1  # the ticket
+        except ResourceException as e:
+            raise _translate(e, 'login to {0} as {1}'.format(params['api_host'], self.user))
+        except Exception as e:  # requests' SSL and connection errors, proxmoxer's AuthenticationError
+            raise PveError('cannot log in to the PVE API at https://{0}:{1} as {2}: {3}'.format(
+                params['api_host'], params['api_port'], self.user, e))
+
+    # -- authentication facts ------------------------------------------------------
+    @property
+    def is_root_password(self):
+        """True only for root@pam logged in with its password: what PVE needs for devN."""
+        return self.user == 'root@pam' and not self.token
+
+    def auth_label(self):
+        return '{0}!{1} (API token)'.format(self.user, self.token) if self.token else self.user
+
+    # -- requests --------------------------------------------------------------------
+    def call(self, method, path, **params):
+        """One API request: method GET/POST/PUT/DELETE on path ('nodes/pve/lxc/100/config')."""
+        self.requests += 1
+        try:
+            res = getattr(self.api(path), method.lower())(**params)
+        except ResourceException as e:
+            raise _translate(e, '{0} {1}'.format(method, '/' + path.lstrip('/')))
+        except Exception as e:
+            raise PveError('{0} /{1}: {2}'.format(method, path.lstrip('/'), e))
+        return res
+
+    def get(self, path, **params):
+        return self.call('GET', path, **params)
+
+    def mutate(self, method, path, lock_timeout=60, **params):
+        """A change, retried with backoff while the guest is locked; then fails naming the lock."""
+        delay, waited = 0.25, 0.0
+        while True:
+            try:
+                return self.call(method, path, **params)
+            except PveError as e:
+                if not any(m in e.message for m in LOCK_MARKERS) or waited >= lock_timeout:
+                    if any(m in e.message for m in LOCK_MARKERS):
+                        e.message = '{0} (still locked after {1:.0f} s of retries)'.format(e.message, waited)
+                    raise
+            time.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 5.0)
+
+    # -- tasks --------------------------------------------------------------------------
+    def wait_task(self, node, upid, what):
+        """Wait for a task; a failed one raises with PVE's exit status and the last log lines."""
+        deadline = time.time() + self.task_timeout
+        delay = 0.02
+        while True:
+            status = self.get('nodes/{0}/tasks/{1}/status'.format(node, upid))
+            if status.get('status') == 'stopped':
+                break
+            if time.time() > deadline:
+                raise PveError('{0}: task {1} still running after {2} s'.format(what, upid, self.task_timeout))
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
+        exitstatus = status.get('exitstatus', '')
+        if exitstatus == 'OK' or exitstatus.startswith('WARNINGS'):
+            return status
+        log = self.get('nodes/{0}/tasks/{1}/log'.format(node, upid), start=0, limit=100000)
+        lines = [entry.get('t', '') for entry in log][-TASK_LOG_LINES:]
+        raise PveError('{0} failed: {1}'.format(what, exitstatus), log=lines)
+
+    def run_task(self, method, path, node, what, lock_timeout=60, **params):
+        upid = self.mutate(method, path, lock_timeout=lock_timeout, **params)
+        return self.wait_task(node, upid, what)
+
+    # -- cluster -------------------------------------------------------------------------
+    def version(self):
+        return self.get('version')
+
+    def guests(self):
+        """Every guest of the cluster in one request: {vmid: resource}."""
+        return dict((int(r['vmid']), r) for r in self.get('cluster/resources', type='vm'))
