@@ -121,3 +121,67 @@ def node_ssh(creds):
 def pytest_collection_modifyitems(items):
     """Tests marked `last` (taking the lab down and up again) run after all others."""
     items.sort(key=lambda item: item.get_closest_marker('last') is not None)
+
+
+# -- running Ansible for real -----------------------------------------------------------
+API_DEFAULTS = {
+    'api_host': '{{ gpufleet_api_host }}', 'api_port': '{{ gpufleet_api_port }}',
+    'api_user': '{{ gpufleet_api_user }}', 'api_password': '{{ gpufleet_api_password }}',
+    'ca_path': '{{ gpufleet_api_ca_path }}',
+}
+TOKEN_DEFAULTS = {
+    'api_host': '{{ gpufleet_api_host }}', 'api_port': '{{ gpufleet_api_port }}',
+    'api_user': '{{ gpufleet_api_user }}', 'api_token_id': '{{ gpufleet_api_token_id }}',
+    'api_token_secret': '{{ gpufleet_api_token_secret }}', 'ca_path': '{{ gpufleet_api_ca_path }}',
+}
+
+
+class PlayResult:
+    def __init__(self, proc, data):
+        self.rc = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        self.data = data
+
+    def task(self, index, host='localhost'):
+        """The result of the index-th task for host (a dict as the module returned it)."""
+        return self.data['plays'][-1]['tasks'][index]['hosts'][host]
+
+    @property
+    def stats(self):
+        return self.data['stats']
+
+
+def run_playbook(playbook, tmp_path, *args, inventory=None, env=None):
+    import json
+    import yaml
+    path = tmp_path / 'play-{0}.yml'.format(len(list(tmp_path.glob('play-*.yml'))))
+    if not isinstance(playbook, str):
+        playbook = yaml.safe_dump(playbook, sort_keys=False)
+    path.write_text(playbook)
+    bin_dir = os.path.dirname(__import__('sys').executable)
+    full_env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, 'ansible.cfg'), ANSIBLE_STDOUT_CALLBACK='results_json',
+                    ANSIBLE_CALLBACK_PLUGINS=os.path.join(ROOT, 'tests', 'plugins', 'callback'), PATH=bin_dir + ':' + os.environ.get('PATH', ''),
+                    ANSIBLE_NOCOLOR='1')
+    full_env.update(env or {})
+    argv = [os.path.join(bin_dir, 'ansible-playbook'), '-i', inventory or os.path.join(ROOT, 'inventories', 'lab'),
+            str(path)] + list(args)
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=full_env,
+                          timeout=900)
+    try:
+        data = json.loads(proc.stdout[proc.stdout.index('{'):])
+    except ValueError:
+        raise AssertionError('ansible-playbook printed no JSON (rc {0}):\n{1}\n{2}'.format(
+            proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:]))
+    return PlayResult(proc, data)
+
+
+@pytest.fixture
+def play(lab, tmp_path):
+    """play(tasks, *ansible_args, token=False): run tasks on localhost with the lab's API logins."""
+    def run(tasks, *args, token=False, hosts='localhost'):
+        playbook = [{'name': 'test', 'hosts': hosts, 'gather_facts': False,
+                     'module_defaults': {'group/gpufleet.proxmox.pve': TOKEN_DEFAULTS if token else API_DEFAULTS},
+                     'tasks': tasks}]
+        return run_playbook(playbook, tmp_path, *args)
+    return run

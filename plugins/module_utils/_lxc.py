@@ -167,7 +167,7 @@ def device_value(index, dev):
             props[key] = str(dev[key])
     if dev.get('deny_write') is not None:
         props['deny-write'] = '1' if dev['deny_write'] in (True, 1, '1', 'true', 'yes') else '0'
-    return format_props(props, 'path')
+    return format_props(props)
 
 
 def _indexed(option, values, family):
@@ -337,6 +337,7 @@ class Reconciler(object):
                 vmid, node, spec['node']))
         current = self.client.get(plan['path'] + '/config')
         plan['current'] = current
+        res['config'] = dict((k, v) for k, v in current.items() if k != 'digest')
         unpriv = bool(int(current.get('unprivileged', 0)))
         if spec.get('unprivileged') is not None and unpriv != spec['unprivileged']:
             raise SpecError('vmid {0}: unprivileged is {1} and cannot change on an existing container; '
@@ -348,6 +349,10 @@ class Reconciler(object):
             raise SpecError('vmid {0}: {1}'.format(vmid, e))
         self._check_passthrough(vmid, sets, deletes)
         plan.update(sets=sets, deletes=deletes, resize=resize)
+        for key, value in sets.items():
+            res['config'][key] = value
+        for key in deletes:
+            res['config'].pop(key, None)
         res['diff']['before'].update(before)
         res['diff']['after'].update(after)
         if resize:
@@ -385,6 +390,8 @@ class Reconciler(object):
         if spec.get('ssh_public_keys'):
             params['ssh-public-keys'] = spec['ssh_public_keys']
         plan['create'] = params
+        res['config'] = dict((k, v) for k, v in params.items() if k not in ('vmid', 'ostemplate', 'storage',
+                                                                            'ssh-public-keys'))
         res.update(changed=True, created=True, changed_keys=sorted(values))
         res['diff']['after'] = dict((k, v) for k, v in params.items() if k != 'ssh-public-keys')
         plan['status'] = 'stopped'
@@ -421,6 +428,7 @@ class Reconciler(object):
             raise SpecError('vmid {0} is running on {1}: state absent destroys it only with force: true'.format(
                 plan['vmid'], plan['node']))
         plan['destroy'] = True
+        res.pop('config', None)
         res.update(changed=True, status='absent')
         res['diff']['before'] = {'status': plan['status']}
         res['diff']['after'] = {'status': 'absent'}
@@ -467,6 +475,8 @@ class Reconciler(object):
             if action == 'reboot':
                 res['restart_required'] = False
                 res['pending'] = []
+        # What PVE holds now (its normalised values, generated volumes and MAC addresses).
+        res['config'] = dict((k, v) for k, v in client.get(path + '/config').items() if k != 'digest')
         return res
 
 
@@ -491,7 +501,29 @@ def reconcile_all(client, specs, check_mode, lock_timeout=60):
     return results
 
 
-def fail_result(err):
-    if isinstance(err, PveError):
-        return err.result()
-    return {'msg': str(err)}
+def container_specs(params):
+    """The containers a module call asks for: its own options, or each of `containers` on top of them."""
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+    top = dict((k, params.get(k)) for k in CONTAINER_SPEC)
+    if params.get('containers') is None:
+        entries = [top]
+    else:
+        validator = ArgumentSpecValidator(CONTAINER_SPEC)
+        entries = []
+        for i, entry in enumerate(params['containers']):
+            if not isinstance(entry, dict):
+                raise SpecError('containers[{0}] must be a dict of container options'.format(i))
+            unknown = sorted(set(entry) - set(CONTAINER_SPEC))
+            if unknown:
+                raise SpecError('containers[{0}]: unknown option(s) {1}'.format(i, ', '.join(unknown)))
+            result = validator.validate(entry)
+            if result.error_messages:
+                raise SpecError('containers[{0}]: {1}'.format(i, '; '.join(result.error_messages)))
+            spec = dict((k, v) for k, v in top.items() if k != 'vmid')
+            spec.update((k, v) for k, v in result.validated_parameters.items() if v is not None)
+            entries.append(spec)
+    for spec in entries:
+        for key, value in DEFAULTS.items():
+            if spec.get(key) is None:
+                spec[key] = value
+    return entries

@@ -1,0 +1,292 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+module: lxc_container
+short_description: Declarative Proxmox VE LXC containers, one or a whole fleet per call
+version_added: 0.1.0
+description:
+  - Creates a container that does not exist, and brings an existing one to the given config and power
+    state through the PVE API, sending only what differs (with the config C(digest)).
+  - An option left out is not managed. An option given empty (O(devices=[]), O(features=[]), O(tags=[]),
+    O(net={}), O(mounts={})) means "none" and removes what is there.
+  - Property strings (C(netN), C(mpN), C(devN), C(features), C(rootfs)) are compared parsed, so order and
+    PVE's own additions (a generated MAC address) are not differences.
+  - Never destroys or recreates an existing container unless O(state=absent).
+  - With O(containers), one call reconciles many containers with one login and one read of the cluster's
+    guests; the top-level container options are the defaults for each entry. Every container is read and
+    checked before any is changed.
+author:
+  - gpufleet.proxmox contributors
+extends_documentation_fragment:
+  - gpufleet.proxmox.pve
+attributes:
+  check_mode:
+    support: full
+    description: Reports every change it would make and sends no change to PVE.
+  diff_mode:
+    support: full
+    description: Shows each changed key before and after, removals included.
+options:
+  vmid:
+    description: The container's id.
+    type: int
+  node:
+    description: The node to create the container on. For an existing container, where it must be.
+    type: str
+  hostname:
+    description: The container's hostname.
+    type: str
+  ostemplate:
+    description: The template volume to create from (V(local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst)).
+    type: str
+  storage:
+    description: The storage for the root disk when O(rootfs) names no storage.
+    type: str
+  rootfs:
+    description:
+      - The root disk (V(local-lvm:8) for a new 8 GiB volume). On an existing container a larger size
+        grows the disk; a smaller one is refused.
+    type: str
+  cores:
+    description: CPU cores.
+    type: int
+  memory:
+    description: Memory in MiB.
+    type: int
+  swap:
+    description: Swap in MiB.
+    type: int
+  net:
+    description:
+      - Network interfaces, C(netN) to a PVE property string or a dict of its properties
+        (V(net0=name=eth0,bridge=vmbr0,ip=dhcp) as a string, or the same as a dict).
+    type: dict
+  features:
+    description: Feature flags (V(nesting=1), V(keyctl=1)).
+    type: list
+    elements: str
+  unprivileged:
+    description:
+      - Create the container unprivileged (the default, as in PVE). Cannot change on an existing container.
+    type: bool
+  onboot:
+    description: Start the container when its node boots.
+    type: bool
+  tags:
+    description: Tags.
+    type: list
+    elements: str
+  description:
+    description: The container's notes.
+    type: str
+  nameserver:
+    description: DNS servers, space separated.
+    type: str
+  searchdomain:
+    description: DNS search domain.
+    type: str
+  ssh_public_keys:
+    description: Public keys for root, set at creation.
+    type: str
+  mounts:
+    description: Mount points, C(mpN) to a PVE property string (V(/srv/data,mp=/data)) or a dict of its properties.
+    type: dict
+  devices:
+    description:
+      - Device passthrough entries (C(dev0), C(dev1), ... in this order). Needs V(root@pam) with a password.
+    type: list
+    elements: dict
+    suboptions:
+      path:
+        description: The device node under C(/dev/) on the node.
+        type: str
+        required: true
+      mode:
+        description: Access mode of the node in the container (octal, V(0666)).
+        type: str
+      uid:
+        description: Owner of the node in the container.
+        type: int
+      gid:
+        description: Group of the node in the container.
+        type: int
+      deny_write:
+        description: Allow reading only.
+        type: bool
+  state:
+    description:
+      - V(present) creates or updates it and leaves its power state alone; V(started) and V(stopped)
+        also set the power state; V(restarted) restarts it (or starts it); V(absent) destroys it.
+    type: str
+    choices: [present, started, stopped, restarted, absent]
+    default: present
+  restart_on_pending:
+    description:
+      - Restart a running container when a change could not be applied live and waits in pending.
+        Off by default; the result says O(restart_required) either way.
+    type: bool
+    default: false
+  force:
+    description: With O(state=absent), destroy a running container (it is stopped first).
+    type: bool
+    default: false
+  purge:
+    description: With O(state=absent), also remove the container from jobs, HA and ACLs.
+    type: bool
+    default: false
+  containers:
+    description:
+      - Many containers in one call, each a dict of the container options above (O(vmid) required).
+        Top-level container options are defaults for every entry.
+    type: list
+    elements: dict
+  lock_timeout:
+    description: Seconds to keep retrying a change while the container is locked (backup, snapshot, ...).
+    type: int
+    default: 60
+'''
+
+EXAMPLES = r'''
+- name: A training container with GPUs 0-3 (root@pam: devN needs it)
+  gpufleet.proxmox.lxc_container:
+    api_host: pve1.example.com
+    api_user: root@pam
+    api_password: "{{ vault_pve_root_password }}"
+    ca_path: /etc/ssl/pve-root-ca.pem
+    node: pve1
+    vmid: 200
+    hostname: train-0
+    ostemplate: local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst
+    storage: local-zfs
+    cores: 32
+    memory: 262144
+    net:
+      net0: name=eth0,bridge=vmbr0,ip=10.1.2.20/24,gw=10.1.2.1
+    devices:
+      - {path: /dev/nvidia0}
+      - {path: /dev/nvidia1}
+      - {path: /dev/nvidia2}
+      - {path: /dev/nvidia3}
+      - {path: /dev/nvidiactl}
+      - {path: /dev/nvidia-uvm}
+      - {path: /dev/nvidia-uvm-tools}
+    state: started
+
+- name: The whole fleet in one call, read-only token, reporting drift only
+  gpufleet.proxmox.lxc_container:
+    api_host: pve1.example.com
+    api_user: root@pam
+    api_token_id: audit
+    api_token_secret: "{{ vault_pve_audit_token }}"
+    containers: "{{ fleet }}"
+  check_mode: true
+'''
+
+RETURN = r'''
+vmid:
+  description: The container's id (single-container calls).
+  returned: when O(vmid) is given
+  type: int
+node:
+  description: The node it is on.
+  returned: when O(vmid) is given
+  type: str
+config:
+  description: The container's config after the call (predicted in check mode).
+  returned: when O(vmid) is given and the container exists
+  type: dict
+changed_keys:
+  description: The config keys that were (or would be) changed.
+  returned: always
+  type: list
+  elements: str
+pending:
+  description: Keys changed on a running container that wait for its next restart.
+  returned: always
+  type: list
+  elements: str
+restart_required:
+  description: True when a running container has pending changes it was not restarted for.
+  returned: always
+  type: bool
+status:
+  description: The power state after the call (V(running), V(stopped) or V(absent)).
+  returned: when O(vmid) is given
+  type: str
+containers:
+  description: One result per container (the keys above), in the order given.
+  returned: always
+  type: list
+  elements: dict
+api_requests:
+  description: How many API requests the call made.
+  returned: always
+  type: int
+'''
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _pve
+
+
+def argument_spec():
+    spec = dict(_pve.CONNECTION_SPEC)
+    spec.update(_lxc.CONTAINER_SPEC)
+    spec['state'] = dict(_lxc.CONTAINER_SPEC['state'], default='present')
+    for key in ('restart_on_pending', 'force', 'purge'):
+        spec[key] = dict(type='bool', default=False)
+    spec['devices'] = dict(type='list', elements='dict', options=dict(
+        path=dict(type='str', required=True), mode=dict(type='str'), uid=dict(type='int'), gid=dict(type='int'),
+        deny_write=dict(type='bool')))
+    spec['containers'] = dict(type='list', elements='dict')
+    spec['lock_timeout'] = dict(type='int', default=60)
+    return spec
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=argument_spec(), supports_check_mode=True,
+        required_one_of=_pve.CONNECTION_REQUIRED_ONE_OF + [('vmid', 'containers')],
+        required_together=_pve.CONNECTION_REQUIRED_TOGETHER,
+        mutually_exclusive=[('vmid', 'containers')])
+    if not _pve.HAS_PROXMOXER:
+        module.fail_json(msg=missing_required_lib('proxmoxer'), exception=_pve.PROXMOXER_IMPORT_ERROR)
+    p = module.params
+    try:
+        specs = _lxc.container_specs(p)
+    except _lxc.SpecError as e:
+        module.fail_json(msg=str(e), changed=False)
+    try:
+        client = _pve.PveClient(p)
+        results = _lxc.reconcile_all(client, specs, module.check_mode, p['lock_timeout'])
+    except _lxc.SpecError as e:
+        module.fail_json(msg=str(e), changed=False)
+    except _pve.PveError as e:
+        done = getattr(e, 'done', [])
+        module.fail_json(changed=any(r['changed'] for r in done), containers=done, **e.result())
+    out = dict(changed=any(r['changed'] for r in results), containers=results, api_requests=client.requests,
+               changed_keys=sorted(set(k for r in results for k in r['changed_keys'])),
+               pending=sorted(set(k for r in results for k in r['pending'])),
+               restart_required=any(r['restart_required'] for r in results))
+    diffs = [r.pop('diff') for r in results]
+    if p['vmid'] is not None:
+        one = results[0]
+        out.update(vmid=one['vmid'], node=one['node'], status=one['status'], pending=one['pending'],
+                   changed_keys=one['changed_keys'])
+        if 'config' in one:
+            out['config'] = one['config']
+        out['diff'] = diffs[0]
+    else:
+        out['diff'] = [d for d, r in zip(diffs, results) if r['changed']]
+    module.exit_json(**out)
+
+
+if __name__ == '__main__':
+    main()
