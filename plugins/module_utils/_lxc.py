@@ -178,8 +178,9 @@ def _indexed(option, values, family):
         if not re.match(r'^{0}\d+$'.format(family), str(key)):
             raise SpecError('{0}: key {1!r} is not {2}N'.format(option, key, family))
         if isinstance(value, dict):
+            # Only mpN has a default key (volume) in PVE's schema; netN is all key=value.
             value = format_props(dict((k, str(v)) for k, v in value.items()),
-                                 DEFAULT_KEY[family] if DEFAULT_KEY[family] in value else None)
+                                 'volume' if family == 'mp' and 'volume' in value else None)
         out[str(key)] = str(value)
         parse_props(out[str(key)], DEFAULT_KEY[family])
     return out
@@ -237,7 +238,7 @@ def plan_update(values, owned, current):
                     old = parse_props(current[key], 'name').get(gen)
                     if gen not in props and old:
                         props[gen] = old
-                value = format_props(props, 'name')
+                value = format_props(props)
             sets[key] = value
             before[key] = current.get(key)
             after[key] = value
@@ -335,8 +336,8 @@ class Reconciler(object):
         if spec.get('node') and spec['node'] != node:
             raise SpecError('vmid {0} lives on node {1}, not {2}: moving it is not done here'.format(
                 vmid, node, spec['node']))
-        current = self.client.get(plan['path'] + '/config')
-        plan['current'] = current
+        current, pending_now = self.read_config(plan['path'], status)
+        plan.update(current=current, values=values, owned=owned)
         res['config'] = dict((k, v) for k, v in current.items() if k != 'digest')
         unpriv = bool(int(current.get('unprivileged', 0)))
         if spec.get('unprivileged') is not None and unpriv != spec['unprivileged']:
@@ -360,13 +361,60 @@ class Reconciler(object):
             res['diff']['after']['rootfs'] = 'size={0}'.format(resize)
         res['changed_keys'] = sorted(list(sets) + deletes + (['rootfs'] if resize else []))
         res['changed'] = bool(res['changed_keys'])
-        if status == 'running' and res['changed']:
+        if status == 'running':
             # What PVE will not apply live waits for a restart (known for sure after the change).
-            res['pending'] = sorted(k for k in res['changed_keys'] if k not in HOT_KEYS and not (
-                key_family(k) in ('dev', 'mp') and k in sets and k not in current))
+            res['pending'] = sorted(set(pending_now) | set(k for k in res['changed_keys'] if k not in HOT_KEYS and not (
+                key_family(k) in ('dev', 'mp') and k in sets and k not in current)))
             res['restart_required'] = bool(res['pending'])
         self._plan_power(plan)
         return plan
+
+    def read_config(self, path, status):
+        """(config as PVE will have it, keys waiting for a restart) in one request.
+
+        A running container is read through /pending, which has the live value, the pending one and
+        pending deletions of every key; a stopped one has nothing pending worth a request.
+        """
+        if status != 'running':
+            return self.client.get(path + '/config'), []
+        config, pending = {}, []
+        for item in self.client.get(path + '/pending'):
+            key = item['key']
+            if item.get('delete'):
+                pending.append(key)
+                continue
+            if 'pending' in item:
+                pending.append(key)
+                config[key] = item['pending']
+            elif 'value' in item:
+                config[key] = item['value']
+        return config, sorted(pending)
+
+    def _put_config(self, plan):
+        """PUT the changes with the config digest; if the config changed under us, read and compare again."""
+        path, current = plan['path'], plan['current']
+        sets, deletes = plan['sets'], plan['deletes']
+        for attempt in range(5):
+            digest = current.get('digest')
+            if digest is None:
+                current = self.client.get(path + '/config')
+                digest = current['digest']
+                if attempt:
+                    sets, deletes = plan_update(plan['values'], plan['owned'], current)[:2]
+                    if not sets and not deletes:
+                        return
+            params = dict(sets)
+            if deletes:
+                params['delete'] = ','.join(deletes)
+            params['digest'] = digest
+            try:
+                self.client.mutate('PUT', path + '/config', lock_timeout=self.lock_timeout, **params)
+                return
+            except PveError as e:
+                if 'detected modified configuration' not in e.message:
+                    raise
+                current = {}
+        raise PveError('PUT /{0}/config: the config kept changing while it was being updated'.format(path))
 
     def _check_passthrough(self, vmid, sets, deletes):
         touched = [k for k in list(sets) + list(deletes) if key_family(k) == 'dev']
@@ -437,7 +485,8 @@ class Reconciler(object):
     # -- phase 2: change ------------------------------------------------------------------
     def apply(self, plan):
         res = plan['res']
-        if self.check_mode or not res['changed']:
+        res['actions'] = []
+        if self.check_mode or not (res['changed'] or (res['restart_required'] and plan['spec'].get('restart_on_pending'))):
             return res
         client, node, vmid, path = self.client, plan['node'], plan['vmid'], plan['path']
         lt = self.lock_timeout
@@ -448,20 +497,20 @@ class Reconciler(object):
             if plan['status'] == 'running':
                 params['force'] = 1
             client.run_task('DELETE', path, node, 'destroy CT {0}'.format(vmid), lock_timeout=lt, **params)
+            res['actions'].append('destroy')
             return res
         if plan.get('create'):
             client.run_task('POST', 'nodes/{0}/lxc'.format(node), node, 'create CT {0}'.format(vmid),
                             lock_timeout=lt, **plan['create'])
+            res['actions'].append('create')
         if plan.get('sets') or plan.get('deletes'):
-            params = dict(plan['sets'])
-            if plan['deletes']:
-                params['delete'] = ','.join(plan['deletes'])
-            params['digest'] = plan['current']['digest']
-            client.mutate('PUT', path + '/config', lock_timeout=lt, **params)
+            self._put_config(plan)
+            res['actions'].append('config')
         if plan.get('resize'):
             upid = client.mutate('PUT', path + '/resize', lock_timeout=lt, disk='rootfs', size=plan['resize'])
             if upid:
                 client.wait_task(node, upid, 'resize rootfs of CT {0}'.format(vmid))
+            res['actions'].append('resize')
         if plan['status'] == 'running' and (plan.get('sets') or plan.get('deletes')):
             res['pending'] = sorted(p['key'] for p in client.get(path + '/pending') if 'pending' in p or p.get('delete'))
             res['restart_required'] = bool(res['pending'])
@@ -472,6 +521,7 @@ class Reconciler(object):
             params = {'forceStop': 1} if action == 'shutdown' else {}
             client.run_task('POST', '{0}/status/{1}'.format(path, action), node, '{0} CT {1}'.format(action, vmid),
                             lock_timeout=lt, **params)
+            res['actions'].append(action)
             if action == 'reboot':
                 res['restart_required'] = False
                 res['pending'] = []
@@ -496,7 +546,9 @@ def reconcile_all(client, specs, check_mode, lock_timeout=60):
             results.append(rec.apply(plan))
         except PveError as e:
             e.message = 'CT {0}: {1}'.format(plan['vmid'], e.message)
-            e.done = results
+            # What was done before the failure is reported as done.
+            plan['res']['changed'] = bool(plan['res']['actions'])
+            e.done = results + [plan['res']] if plan['res']['actions'] else results
             raise
     return results
 

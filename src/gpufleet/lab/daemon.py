@@ -144,6 +144,9 @@ class LabPve(FakePve):
         async def real():
             note = await body()
             try:
+                if ttype == 'vzreboot':
+                    # A reboot is a stop and a start: the real container starts again with the new config.
+                    await asyncio.get_running_loop().run_in_executor(None, self.backend.stop, vmid)
                 await self._sync(vmid)
             except BackendError as e:
                 # The task's own record: the one running task of this type on this container.

@@ -397,9 +397,24 @@ def remove_pct(record):
 
 
 # -- the API daemon -----------------------------------------------------------------------
+def code_version():
+    """A hash of the lab's own code: a daemon running older code is restarted by `up`."""
+    import hashlib
+    here = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(here)):
+        if name.endswith('.py'):
+            with open(os.path.join(here, name), 'rb') as fh:
+                h.update(name.encode() + fh.read())
+    return h.hexdigest()[:16]
+
+
 def start_daemon(lab):
+    version_file = lab.path('run', 'pve.version')
     if _alive(lab.daemon_pid):
-        return False
+        if _read(version_file) == code_version():
+            return False
+        stop_daemon(lab)
     os.makedirs(os.path.dirname(lab.daemon_pid), exist_ok=True)
     os.makedirs(os.path.dirname(lab.daemon_log), exist_ok=True)
     env = dict(os.environ, GPUFLEET_LAB_DIR=lab.root, GPUFLEET_LAB_CACHE=lab.cache, PYTHONUNBUFFERED='1')
@@ -413,6 +428,8 @@ def start_daemon(lab):
                                         stdout=log, stderr=subprocess.STDOUT, env=env, close_fds=True)
             with open(lab.daemon_pid, 'w') as fh:
                 fh.write(str(proc.pid))
+            with open(version_file, 'w') as fh:
+                fh.write(code_version())
         finally:
             os._exit(0)
     os.waitpid(child, 0)

@@ -1,0 +1,258 @@
+"""gpufleet.proxmox.lxc_container, run through Ansible against the lab's PVE API."""
+
+import threading
+import time
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+TEMPLATE = 'local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst'
+
+
+def ct(vmid, **options):
+    """A lxc_container task for vmid on the lab node."""
+    args = dict(vmid=vmid, node='pve1', ostemplate=TEMPLATE, storage='local-lvm')
+    args.update(options)
+    return {'gpufleet.proxmox.lxc_container': args, 'ignore_errors': True}
+
+
+def only(play, task, *args, **kwargs):
+    r = play([task], *args, **kwargs)
+    return r.task(0)
+
+
+def test_create_in_check_mode_changes_nothing(play, pve, control):
+    control.clear_requests()
+    res = only(play, ct(961, hostname='c961', cores=2, devices=[{'path': '/dev/nvidia0'}], state='started'),
+               '--check', '--diff')
+    assert not res.get('failed'), res
+    assert res['changed'] and res['containers'][0]['created']
+    assert res['diff']['before'] == {'status': 'absent'}
+    assert res['diff']['after']['cores'] == 2 and res['diff']['after']['dev0'] == 'path=/dev/nvidia0'
+    assert res['diff']['after']['status'] == 'running'
+    assert control.mutating_requests() == []
+    assert 961 not in [g['vmid'] for g in pve.api.cluster.resources.get(type='vm')]
+
+
+def test_every_option_applied_then_second_run_changes_nothing(play, pve, control, lab):
+    pve.made.append(962)
+    task = ct(962, hostname='full962', cores=2, memory=1024, swap=256,
+              net={'net0': {'name': 'eth0', 'bridge': 'vmbr0', 'ip': '10.77.0.62/24', 'gw': '10.77.0.1'}},
+              features=['nesting=1', 'keyctl=1'], unprivileged=True, onboot=True, tags=['gpu', 'train'],
+              description='training box\nsecond line', nameserver='10.77.0.1', searchdomain='lab.internal',
+              ssh_public_keys='ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGZha2Uga2V5IGZvciB0ZXN0cw== test',
+              mounts={'mp0': lab.wheelhouse + ',mp=/opt/wheelhouse,ro=1', 'mp1': 'local-lvm:1,mp=/data'},
+              devices=[{'path': '/dev/nvidia0', 'mode': '0666'}, {'path': '/dev/nvidiactl', 'uid': 0, 'gid': 0},
+                       {'path': '/dev/nvidia-uvm', 'deny_write': False}],
+              rootfs='local-lvm:6', state='started')
+    first = only(play, task)
+    assert not first.get('failed'), first
+    assert first['changed'] and first['status'] == 'running'
+    cfg = pve.ct(962).config.get()
+    assert cfg['hostname'] == 'full962' and cfg['cores'] == 2 and cfg['memory'] == 1024 and cfg['swap'] == 256
+    assert 'ip=10.77.0.62/24' in cfg['net0'] and 'hwaddr=' in cfg['net0']
+    assert set(cfg['features'].split(',')) == {'nesting=1', 'keyctl=1'}
+    assert int(cfg['onboot']) == 1 and set(cfg['tags'].split(';')) == {'gpu', 'train'}
+    assert cfg['description'].rstrip('\n') == 'training box\nsecond line'
+    assert cfg['nameserver'] == '10.77.0.1' and cfg['searchdomain'] == 'lab.internal'
+    assert cfg['mp0'].startswith(lab.wheelhouse) and 'mp=/data' in cfg['mp1'] and 'size=1G' in cfg['mp1']
+    assert cfg['dev0'] == 'mode=0666,path=/dev/nvidia0' or 'mode=0666' in cfg['dev0']
+    assert 'uid=0' in cfg['dev1'] and 'deny-write=0' in cfg['dev2']
+    assert 'size=6G' in cfg['rootfs'] and int(cfg['unprivileged']) == 1
+    assert pve.status(962) == 'running'
+    control.clear_requests()
+    second = only(play, task, '--diff')
+    assert not second.get('failed'), second
+    assert second['changed'] is False, second['diff']
+    assert second['changed_keys'] == []
+    assert control.mutating_requests() == []
+    # a no-op costs the login and one config read (the node is known, the status from one cluster read)
+    assert second['api_requests'] <= 3
+
+
+def test_update_diff_shows_removals_and_check_mode_sends_nothing(play, pve, control):
+    pve.create(963, features='nesting=1,keyctl=1', dev0='path=/dev/nvidia0', dev1='path=/dev/nvidia1', cores=1)
+    control.clear_requests()
+    task = ct(963, features=['nesting=1'], devices=[{'path': '/dev/nvidia0'}], cores=2)
+    check = only(play, task, '--check', '--diff')
+    assert check['changed'] and not check.get('failed'), check
+    assert set(check['diff']['before']['features'].split(',')) == {'nesting=1', 'keyctl=1'}
+    assert check['diff']['after']['features'] == 'nesting=1'
+    assert check['diff']['before']['dev1'] == 'path=/dev/nvidia1' and check['diff']['after']['dev1'] is None
+    assert check['diff']['before']['cores'] == 1 and check['diff']['after']['cores'] == 2
+    assert 'dev0' not in check['diff']['after']  # unchanged keys are not in the diff
+    assert sorted(check['changed_keys']) == ['cores', 'dev1', 'features']
+    assert control.mutating_requests() == []
+    real = only(play, task)
+    assert real['changed'] and not real.get('failed'), real
+    puts = [r for r in control.mutating_requests() if r[0] == 'PUT']
+    assert len(puts) == 1 and 'digest=' in puts[0][2] and 'delete=dev1' in puts[0][2]
+    cfg = pve.ct(963).config.get()
+    assert 'dev1' not in cfg and cfg['features'] == 'nesting=1' and cfg['cores'] == 2
+    assert only(play, task)['changed'] is False
+
+
+def test_empty_means_none_and_left_out_means_unmanaged(play, pve):
+    pve.create(964, tags='a;b', dev0='path=/dev/nvidia0', cores=3, features='nesting=1')
+    res = only(play, ct(964, tags=[], devices=[], features=[]))
+    assert res['changed'] and not res.get('failed'), res
+    cfg = pve.ct(964).config.get()
+    assert 'tags' not in cfg and 'dev0' not in cfg and 'features' not in cfg
+    assert cfg['cores'] == 3  # not given: not managed
+
+
+def test_property_strings_compare_parsed(play, pve):
+    pve.create(965, dev0='mode=0666,path=/dev/nvidia0', features='keyctl=1,nesting=1',
+               net0='name=eth0,bridge=vmbr0,ip=10.77.0.65/24')
+    res = only(play, ct(965, devices=[{'path': '/dev/nvidia0', 'mode': '666'}], features=['nesting=1', 'keyctl=1'],
+                       net={'net0': 'bridge=vmbr0,ip=10.77.0.65/24,name=eth0'}))
+    assert res['changed'] is False, res.get('diff')
+
+
+def test_running_container_pending_changes_and_restart(play, pve):
+    pve.create(966, features='nesting=1', cores=1)
+    pve.start(966)
+    res = only(play, ct(966, features=['nesting=1', 'keyctl=1'], cores=2))
+    assert res['changed'] and not res.get('failed'), res
+    assert res['pending'] == ['features'] and res['restart_required'] is True
+    assert pve.status(966) == 'running'
+    assert pve.ct(966).config.get(current=1)['cores'] == 2  # hot-applied
+    again = only(play, ct(966, features=['nesting=1', 'keyctl=1'], cores=2, restart_on_pending=True))
+    assert again['changed'] and again['restart_required'] is False and again['pending'] == []
+    assert pve.ct(966).config.get(current=1)['features'] in ('keyctl=1,nesting=1', 'nesting=1,keyctl=1')
+    assert pve.ct(966).pending.get() and not [p for p in pve.ct(966).pending.get() if 'pending' in p]
+
+
+def test_power_states(play, pve):
+    pve.create(967)
+    assert only(play, ct(967, state='started'))['status'] == 'running'
+    assert pve.status(967) == 'running'
+    assert only(play, ct(967, state='started'))['changed'] is False
+    stopped = only(play, ct(967, state='stopped'))
+    assert stopped['changed'] and pve.status(967) == 'stopped'
+    restarted = only(play, ct(967, state='restarted'))
+    assert restarted['changed'] and pve.status(967) == 'running'
+
+
+def test_absent_refuses_a_running_container_without_force(play, pve, control):
+    pve.create(968)
+    pve.start(968)
+    control.clear_requests()
+    refused = only(play, {'gpufleet.proxmox.lxc_container': {'vmid': 968, 'state': 'absent'}, 'ignore_errors': True})
+    assert refused.get('failed') and 'force: true' in refused['msg']
+    assert control.mutating_requests() == [] and pve.status(968) == 'running'
+    gone = only(play, {'gpufleet.proxmox.lxc_container': {'vmid': 968, 'state': 'absent', 'force': True,
+                                                          'purge': True}})
+    assert gone['changed'] and not gone.get('failed'), gone
+    assert 968 not in [g['vmid'] for g in pve.api.cluster.resources.get(type='vm')]
+    assert only(play, {'gpufleet.proxmox.lxc_container': {'vmid': 968, 'state': 'absent'}})['changed'] is False
+
+
+def test_token_with_devn_is_refused_before_any_change(play, pve, control):
+    pve.create(969, cores=1)
+    control.clear_requests()
+    res = only(play, ct(969, cores=2, devices=[{'path': '/dev/nvidia0'}]), token=True)
+    assert res.get('failed')
+    assert 'root@pam' in res['msg'] and 'dev0' in res['msg'] and 'API token' in res['msg']
+    assert control.mutating_requests() == []
+    assert pve.ct(969).config.get()['cores'] == 1
+    ok = only(play, ct(969, cores=2), token=True)
+    assert ok['changed'] and not ok.get('failed') and pve.ct(969).config.get()['cores'] == 2
+
+
+def test_locked_container_is_retried_then_given_up_on(play, pve, control):
+    pve.create(970, cores=1)
+    control.lock(970, 'backup')
+    gave_up = only(play, ct(970, cores=2, lock_timeout=2))
+    assert gave_up.get('failed')
+    assert 'CT is locked (backup)' in gave_up['msg'] and 'still locked after' in gave_up['msg']
+    # A lock that goes away while the module waits: it retries and succeeds.
+    timer = threading.Timer(1.5, control.lock, (970, None))
+    timer.start()
+    started = time.monotonic()
+    res = only(play, ct(970, cores=2, lock_timeout=30))
+    timer.join()
+    assert res['changed'] and not res.get('failed'), res
+    assert time.monotonic() - started >= 1.5
+    assert pve.ct(970).config.get()['cores'] == 2
+
+
+def test_failed_task_is_surfaced_with_its_log(play, pve):
+    pve.made.append(971)
+    res = only(play, ct(971, devices=[{'path': '/dev/nvidia-caps/nvidia-cap9'}], state='started'))
+    assert res.get('failed')
+    assert 'start CT 971 failed' in res['msg'] and 'Device /dev/nvidia-caps/nvidia-cap9 does not exist' in res['msg']
+    assert res['task_log'][-1].startswith('TASK ERROR')
+    assert res['changed'] is True  # the container was created before the start failed
+    assert pve.status(971) == 'stopped'
+
+
+def test_fleet_in_one_call(play, pve, control):
+    fleet = [{'vmid': 972 + i, 'hostname': 'fleet{0}'.format(i), 'devices': [{'path': '/dev/nvidia{0}'.format(i)}]}
+             for i in range(3)]
+    pve.made.extend(c['vmid'] for c in fleet)
+    task = {'gpufleet.proxmox.lxc_container': {'node': 'pve1', 'ostemplate': TEMPLATE, 'storage': 'local-lvm',
+                                               'cores': 1, 'containers': fleet, 'state': 'started'}}
+    first = play([task], '--diff').task(0)
+    assert first['changed'] and [c['status'] for c in first['containers']] == ['running'] * 3
+    assert len(first['diff']) == 3
+    control.clear_requests()
+    second = play([task]).task(0)
+    assert second['changed'] is False
+    assert control.mutating_requests() == []
+    # one login, one read of the cluster's guests, one config read per container
+    assert second['api_requests'] == 2 + len(fleet)
+
+
+def test_unprivileged_cannot_flip_and_nothing_changes(play, pve, control):
+    pve.create(975, cores=1)
+    control.clear_requests()
+    res = only(play, ct(975, unprivileged=False, cores=2))
+    assert res.get('failed') and 'unprivileged' in res['msg'] and 'cannot change' in res['msg']
+    assert control.mutating_requests() == []
+
+
+def test_rootfs_grows_but_never_shrinks(play, pve):
+    pve.create(976, rootfs='local-lvm:4')
+    grown = only(play, ct(976, rootfs='local-lvm:8'))
+    assert grown['changed'] and not grown.get('failed'), grown
+    assert 'size=8G' in pve.ct(976).config.get()['rootfs']
+    shrink = only(play, ct(976, rootfs='local-lvm:2'))
+    assert shrink.get('failed') and 'cannot shrink' in shrink['msg']
+
+
+BAD = [
+    ({'hostname': 'bad_name!'}, 'hostname'),
+    ({'devices': [{'path': '/etc/passwd'}]}, 'devices[0].path'),
+    ({'devices': [{'path': '/dev/nvidia0', 'mode': 'rwx'}]}, 'devices[0].mode'),
+    ({'features': ['nesting']}, 'features'),
+    ({'net': {'eth0': 'bridge=vmbr0'}}, 'net'),
+    ({'mounts': {'disk0': '/srv,mp=/srv'}}, 'mounts'),
+    ({'memory': 0}, 'memory'),
+    ({'vmid': 42}, 'vmid'),
+]
+
+
+@pytest.mark.parametrize('bad,field', BAD, ids=[b[1] for b in BAD])
+def test_bad_input_names_the_field_and_changes_nothing(play, pve, control, bad, field):
+    control.clear_requests()
+    options = dict(hostname='ok977')
+    options.update(bad)
+    res = only(play, ct(options.pop('vmid', 977), **options))
+    assert res.get('failed') and field in res['msg'], res.get('msg')
+    assert control.mutating_requests() == []
+
+
+def test_bad_fleet_entry_stops_the_whole_fleet(play, pve, control):
+    control.clear_requests()
+    fleet = [{'vmid': 978, 'hostname': 'good'}, {'vmid': 978, 'hostname': 'dup'},
+             {'vmid': 979, 'cpus': 4}]
+    res = play([{'gpufleet.proxmox.lxc_container': {'node': 'pve1', 'ostemplate': TEMPLATE, 'containers': fleet},
+                 'ignore_errors': True}]).task(0)
+    assert res.get('failed') and 'containers[2]' in res['msg'] and 'cpus' in res['msg']
+    fleet.pop()
+    res = play([{'gpufleet.proxmox.lxc_container': {'node': 'pve1', 'ostemplate': TEMPLATE, 'containers': fleet},
+                 'ignore_errors': True}]).task(0)
+    assert res.get('failed') and 'vmid 978 is also given by containers[0]' in res['msg']
+    assert control.mutating_requests() == []
