@@ -227,11 +227,43 @@ def ensure_gpus(lab, record, say):
         write_proc(lab, gpus['uvm_major'])
 
 
+NVIDIA_SMI = """#!/bin/sh
+# gpufleet lab: nvidia-smi for the GPU stand-ins (no GPU, no driver behind them).
+version={version}
+count={count}
+case "$*" in
+  *--query-gpu=*)
+    fields=$(printf '%s\n' "$@" | sed -n 's/^--query-gpu=//p')
+    i=0
+    while [ $i -lt $count ]; do
+      line=""
+      for f in $(echo "$fields" | tr ',' ' '); do
+        case $f in
+          index) v=$i ;;
+          pci.bus_id) v=$(printf '00000000:%02X:00.0' $((0x18 + i * 0x10))) ;;
+          uuid) v=$(printf 'GPU-1ab0c0de-0000-4000-8000-%012d' $i) ;;
+          name) v="NVIDIA H100 80GB HBM3 (lab stand-in)" ;;
+          driver_version) v=$version ;;
+          *) v="[N/A]" ;;
+        esac
+        line="${{line:+$line, }}$v"
+      done
+      echo "$line"
+      i=$((i + 1))
+    done ;;
+  *--version*) echo "NVIDIA-SMI version  : $version"; echo "DRIVER version      : $version" ;;
+  *) echo "NVIDIA-SMI $version   Driver Version: $version   (lab stand-in, $count GPUs)" ;;
+esac
+"""
+
+
 def write_proc(lab, uvm_major):
     os.makedirs(os.path.join(lab.proc_dir, 'driver', 'nvidia'), exist_ok=True)
     with open(os.path.join(lab.proc_dir, 'devices'), 'w') as fh:
         fh.write('Character devices:\n  1 mem\n  5 /dev/tty\n136 pts\n195 nvidia-frontend\n'
                  '{0} nvidia-uvm\n\nBlock devices:\n  7 loop\n'.format(uvm_major))
+    smi = lab.path('driver', 'bin', 'nvidia-smi')
+    _write(smi, NVIDIA_SMI.format(version=DRIVER_VERSION, count=lab.gpus).encode(), 0o755)
     with open(os.path.join(lab.proc_dir, 'driver', 'nvidia', 'version'), 'w') as fh:
         fh.write('NVRM version: NVIDIA UNIX x86_64 Kernel Module  {0}  Tue Sep 30 12:00:00 UTC 2025\n'
                  'GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n'.format(DRIVER_VERSION))

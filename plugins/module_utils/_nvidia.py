@@ -1,0 +1,168 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""NVIDIA device nodes and driver facts of a machine, read from /dev and /proc (standard library only).
+
+Used on a node (what can be passed through) and inside a container (what was passed through).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import errno
+import os
+import re
+import stat
+import subprocess
+
+FRONTEND_MAJOR = 195
+CONTROL_NODES = {'nvidiactl': 255, 'nvidia-modeset': 254}
+UVM_NODES = {'nvidia-uvm': 0, 'nvidia-uvm-tools': 1}
+VERSION_RE = re.compile(r'Kernel Module(?: for [^ ]+)?\s+(\d+\.\d+(?:\.\d+)?)')
+
+
+def char_majors(proc_root='/proc'):
+    """{name: major} of the character devices /proc/devices lists."""
+    out = {}
+    try:
+        with open(os.path.join(proc_root, 'devices')) as fh:
+            for line in fh:
+                if line.startswith('Block'):
+                    break
+                parts = line.split()
+                if len(parts) == 2 and parts[0].isdigit():
+                    out[parts[1]] = int(parts[0])
+    except (IOError, OSError):
+        pass
+    return out
+
+
+def driver_version(proc_root='/proc'):
+    """The kernel module's version from /proc/driver/nvidia/version, or None without a driver."""
+    try:
+        with open(os.path.join(proc_root, 'driver', 'nvidia', 'version')) as fh:
+            m = VERSION_RE.search(fh.read())
+    except (IOError, OSError):
+        return None
+    return m.group(1) if m else None
+
+
+def node_info(path):
+    """{path, major, minor, mode} of a character node, or None."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISCHR(st.st_mode):
+        return None
+    return {'path': path, 'major': os.major(st.st_rdev), 'minor': os.minor(st.st_rdev),
+            'mode': '{0:04o}'.format(stat.S_IMODE(st.st_mode))}
+
+
+def probe_open(path):
+    """What opening a device node gives: ok, EPERM/EACCES (cgroup or permissions), ENXIO/ENODEV (no driver
+    behind it), ENOENT (no node)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+    os.close(fd)
+    return 'ok'
+
+
+def gpu_indexes(dev_dir='/dev'):
+    try:
+        names = os.listdir(dev_dir)
+    except OSError:
+        return []
+    return sorted(int(n[6:]) for n in names if re.match(r'^nvidia\d+$', n))
+
+
+def nvidia_smi(executable):
+    """[{index, pci_bus_id, uuid, name}] from nvidia-smi, or None when it is absent or fails."""
+    if not executable or not os.path.exists(executable):
+        return None
+    try:
+        out = subprocess.check_output([executable, '--query-gpu=index,pci.bus_id,uuid,name',
+                                       '--format=csv,noheader'], stderr=subprocess.STDOUT)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    gpus = []
+    for line in out.decode('utf-8', 'replace').splitlines():
+        parts = [p.strip() for p in line.split(',')]
+        if len(parts) >= 4 and parts[0].isdigit():
+            gpus.append({'index': int(parts[0]), 'pci_bus_id': parts[1], 'uuid': parts[2], 'name': parts[3]})
+    return gpus
+
+
+def find_nvidia_smi(explicit=None):
+    if explicit:
+        return explicit
+    for d in os.environ.get('PATH', '/usr/bin:/bin').split(os.pathsep) + ['/usr/bin', '/usr/local/bin']:
+        candidate = os.path.join(d, 'nvidia-smi')
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def discover(dev_dir='/dev', proc_root='/proc', smi=None):
+    """Everything a node offers for passthrough, and what is wrong with it (findings with a fix)."""
+    majors = char_majors(proc_root)
+    version = driver_version(proc_root)
+    uvm_major = majors.get('nvidia-uvm')
+    findings = []
+    gpus = []
+    for index in gpu_indexes(dev_dir):
+        info = node_info(os.path.join(dev_dir, 'nvidia{0}'.format(index)))
+        if info:
+            info['index'] = index
+            gpus.append(info)
+    control = {}
+    for name in list(CONTROL_NODES) + list(UVM_NODES):
+        info = node_info(os.path.join(dev_dir, name))
+        if info:
+            control[name] = info
+    caps = []
+    caps_dir = os.path.join(dev_dir, 'nvidia-caps')
+    if os.path.isdir(caps_dir):
+        for name in sorted(os.listdir(caps_dir)):
+            info = node_info(os.path.join(caps_dir, name))
+            if info:
+                caps.append(info)
+    if version is None:
+        findings.append({'code': 'driver_not_loaded', 'fix': 'modprobe nvidia',
+                         'msg': 'no NVIDIA kernel module: {0}/driver/nvidia/version is missing'.format(proc_root)})
+    if 'nvidiactl' not in control:
+        findings.append({'code': 'nvidiactl_missing', 'fix': 'nvidia-modprobe -c 0',
+                         'msg': '{0}/nvidiactl is missing'.format(dev_dir)})
+    if uvm_major is None:
+        findings.append({'code': 'uvm_not_loaded', 'fix': 'nvidia-modprobe -u -c 0',
+                         'msg': 'nvidia-uvm is not loaded (not in {0}/devices): CUDA cannot run and the '
+                                'container cannot start with /dev/nvidia-uvm passed through'.format(proc_root)})
+    for name, minor in sorted(UVM_NODES.items()):
+        info = control.get(name)
+        if uvm_major is not None and info is None:
+            findings.append({'code': 'uvm_node_missing', 'fix': 'nvidia-modprobe -u -c 0', 'node': name,
+                             'msg': '{0}/{1} is missing although nvidia-uvm is loaded (major {2})'.format(
+                                 dev_dir, name, uvm_major)})
+        elif uvm_major is not None and (info['major'], info['minor']) != (uvm_major, minor):
+            findings.append({'code': 'uvm_node_stale', 'fix': 'rm {0}/{1} && nvidia-modprobe -u -c 0'.format(
+                dev_dir, name), 'node': name,
+                'msg': '{0}/{1} is {2}:{3} but nvidia-uvm has major {4} (a node left from before a reload)'.format(
+                    dev_dir, name, info['major'], info['minor'], uvm_major)})
+    listed = nvidia_smi(smi) if smi else None
+    if listed is not None:
+        by_index = dict((g['index'], g) for g in listed)
+        for gpu in gpus:
+            extra = by_index.get(gpu['index'])
+            if extra:
+                gpu.update(pci_bus_id=extra['pci_bus_id'], uuid=extra['uuid'], name=extra['name'])
+        missing = sorted(set(by_index) - set(g['index'] for g in gpus))
+        if missing:
+            findings.append({'code': 'gpu_nodes_missing', 'fix': 'nvidia-modprobe -c {0}'.format(missing[0]),
+                             'msg': 'nvidia-smi lists GPU(s) {0} without a /dev/nvidiaN node'.format(missing)})
+    return {'gpus': gpus, 'count': len(gpus), 'control': control, 'caps': caps,
+            'majors': dict((k, v) for k, v in majors.items() if k.startswith('nvidia')),
+            'uvm_major': uvm_major, 'driver_version': version, 'findings': findings,
+            'nvidia_smi': smi if listed is not None else None}

@@ -1,0 +1,87 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+module: gpu_devices
+short_description: Discover the NVIDIA device nodes and driver of a Proxmox node
+version_added: 0.1.0
+description:
+  - Reads the NVIDIA device nodes (C(/dev/nvidiaN), C(nvidiactl), C(nvidia-modeset), C(nvidia-uvm),
+    C(nvidia-uvm-tools), C(/dev/nvidia-caps/*)) with their majors and minors, the dynamic majors of
+    C(nvidia-uvm) and C(nvidia-caps) from C(/proc/devices), the kernel module version from
+    C(/proc/driver/nvidia/version), and GPU index to PCI bus id where C(nvidia-smi) exists.
+  - Reports findings that stop passthrough from working (C(nvidia-uvm) not loaded or its nodes missing or
+    stale, no driver), each with the command that fixes it.
+  - Changes nothing. Uses only the Python standard library.
+author:
+  - gpufleet.proxmox contributors
+attributes:
+  check_mode:
+    support: full
+    description: Reads only; runs the same in check mode.
+  diff_mode:
+    support: none
+    description: Nothing to show.
+options:
+  dev_dir:
+    description: Where the device nodes are.
+    type: path
+    default: /dev
+  proc_root:
+    description: Where to read C(devices) and C(driver/nvidia/version) from.
+    type: path
+    default: /proc
+  nvidia_smi:
+    description: The nvidia-smi to ask for PCI bus ids; found on C(PATH) when not given.
+    type: path
+'''
+
+EXAMPLES = r'''
+- name: What can this node pass through?
+  gpufleet.proxmox.gpu_devices:
+  register: gpus
+
+- name: Fail on anything that would break passthrough
+  ansible.builtin.assert:
+    that: gpus.ansible_facts.gpufleet_gpu_devices.findings | length == 0
+    fail_msg: "{{ gpus.ansible_facts.gpufleet_gpu_devices.findings | map(attribute='msg') }}"
+'''
+
+RETURN = r'''
+ansible_facts:
+  description: Facts about the node's NVIDIA devices.
+  returned: always
+  type: complex
+  contains:
+    gpufleet_gpu_devices:
+      description:
+        - C(gpus) (index, path, major, minor, mode, and pci_bus_id, uuid, name where nvidia-smi answers),
+          C(count), C(control) (nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools by name), C(caps),
+          C(majors), C(uvm_major), C(driver_version), C(findings) (code, msg, fix).
+      type: dict
+      returned: always
+'''
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia
+
+
+def main():
+    module = AnsibleModule(argument_spec=dict(dev_dir=dict(type='path', default='/dev'),
+                                              proc_root=dict(type='path', default='/proc'),
+                                              nvidia_smi=dict(type='path')),
+                           supports_check_mode=True)
+    p = module.params
+    facts = _nvidia.discover(p['dev_dir'], p['proc_root'], _nvidia.find_nvidia_smi(p['nvidia_smi']))
+    module.exit_json(changed=False, ansible_facts={'gpufleet_gpu_devices': facts})
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,80 @@
+"""gpufleet.proxmox.gpu_devices on the lab node, reached over SSH like a real node."""
+
+import os
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+
+def discover(play, **options):
+    args = {'proc_root': '{{ gpufleet_lab.proc_root }}',
+            'nvidia_smi': '{{ gpufleet_lab_dir }}/driver/bin/nvidia-smi'}
+    args.update(options)
+    r = play([{'gpufleet.proxmox.gpu_devices': args}], hosts='pve1')
+    res = r.task(0, 'pve1')
+    assert not res.get('failed'), res
+    assert res['changed'] is False
+    return res['ansible_facts']['gpufleet_gpu_devices']
+
+
+def test_the_lab_nodes_gpus(play, lab):
+    facts = discover(play)
+    record = lab.record()['gpus']
+    assert facts['count'] == 8
+    assert [(g['index'], g['major'], g['minor']) for g in facts['gpus']] == [(i, 195, i) for i in range(8)]
+    assert facts['gpus'][1]['pci_bus_id'] == '00000000:28:00.0' and facts['gpus'][0]['uuid'].startswith('GPU-')
+    assert facts['control']['nvidiactl']['minor'] == 255 and facts['control']['nvidia-modeset']['minor'] == 254
+    assert facts['uvm_major'] == record['uvm_major'] != 195
+    assert facts['control']['nvidia-uvm']['major'] == facts['uvm_major']
+    assert (facts['control']['nvidia-uvm-tools']['major'], facts['control']['nvidia-uvm-tools']['minor']) == (
+        facts['uvm_major'], 1)
+    assert facts['driver_version'] == '580.95.05'
+    assert facts['findings'] == []
+
+
+def make_node(tmp_path, dev=(), devices=None, version=True):
+    """A node's /dev and /proc in a directory: dev = [(name, major, minor)]."""
+    d = tmp_path / 'dev'
+    d.mkdir()
+    for name, major, minor in dev:
+        os.mknod(str(d / name), 0o666 | 0o020000, os.makedev(major, minor))
+    proc = tmp_path / 'proc'
+    (proc / 'driver' / 'nvidia').mkdir(parents=True)
+    lines = ['Character devices:', '195 nvidia-frontend'] + ['{0} {1}'.format(v, k) for k, v in (devices or {}).items()]
+    (proc / 'devices').write_text('\n'.join(lines) + '\n\nBlock devices:\n  7 loop\n')
+    if version:
+        (proc / 'driver' / 'nvidia' / 'version').write_text(
+            'NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.172.08  Release Build  (dvs-builder@U16)\n')
+    return str(d), str(proc)
+
+
+def codes(facts):
+    return sorted(f['code'] for f in facts['findings'])
+
+
+def test_uvm_not_loaded_and_no_driver(play, tmp_path):
+    dev, proc = make_node(tmp_path, [('nvidia0', 195, 0), ('nvidiactl', 195, 255)], version=False)
+    facts = discover(play, dev_dir=dev, proc_root=proc, nvidia_smi='/nonexistent')
+    assert codes(facts) == ['driver_not_loaded', 'uvm_not_loaded']
+    assert [f['fix'] for f in facts['findings'] if f['code'] == 'uvm_not_loaded'] == ['nvidia-modprobe -u -c 0']
+    assert facts['driver_version'] is None and facts['count'] == 1
+
+
+def test_uvm_nodes_missing_or_stale(play, tmp_path):
+    dev, proc = make_node(tmp_path, [('nvidia0', 195, 0), ('nvidiactl', 195, 255), ('nvidia-uvm', 500, 0)],
+                          devices={'nvidia-uvm': 509, 'nvidia-caps': 508})
+    facts = discover(play, dev_dir=dev, proc_root=proc, nvidia_smi='/nonexistent')
+    assert codes(facts) == ['uvm_node_missing', 'uvm_node_stale']
+    stale = [f for f in facts['findings'] if f['code'] == 'uvm_node_stale'][0]
+    assert '500:0' in stale['msg'] and 'major 509' in stale['msg']
+    assert facts['driver_version'] == '570.172.08'
+    assert facts['majors'] == {'nvidia-frontend': 195, 'nvidia-uvm': 509, 'nvidia-caps': 508}
+
+
+def test_gpu_without_a_node(play, tmp_path, lab):
+    dev, proc = make_node(tmp_path, [('nvidia0', 195, 0), ('nvidiactl', 195, 255), ('nvidia-uvm', 509, 0),
+                                     ('nvidia-uvm-tools', 509, 1)], devices={'nvidia-uvm': 509})
+    facts = discover(play, dev_dir=dev, proc_root=proc)
+    assert codes(facts) == ['gpu_nodes_missing']
+    assert '[1, 2, 3, 4, 5, 6, 7]' in facts['findings'][0]['msg']
