@@ -1,0 +1,106 @@
+"""The gpufleet.proxmox.pct connection plugin: tasks in a lab container through pct exec on its node."""
+
+import os
+import tempfile
+
+import pytest
+import yaml
+
+from conftest import run_playbook
+
+pytestmark = pytest.mark.lab
+
+
+@pytest.fixture
+def container(pve):
+    pve.create(985, hostname='conn985')
+    pve.start(985)
+    return 985
+
+
+def control_dir(tmp_path):
+    """A short directory for the ssh control sockets (a socket path must stay under 108 bytes)."""
+    link = tmp_path / 'cp'
+    if not link.exists():
+        link.symlink_to(tempfile.mkdtemp(prefix='cp', dir='/tmp'))
+    return os.path.realpath(str(link))
+
+
+def inventory(tmp_path, creds, vmid, **overrides):
+    host = {'ansible_connection': 'gpufleet.proxmox.pct', 'ansible_pct_vmid': vmid,
+            'ansible_pct_node': creds['ssh_host'], 'ansible_pct_node_port': creds['ssh_port'],
+            'ansible_pct_private_key_file': creds['ssh_private_key_file'],
+            'ansible_pct_ssh_args': '-o UserKnownHostsFile={0} -o StrictHostKeyChecking=yes'.format(
+                creds['ssh_known_hosts_file']),
+            'ansible_pct_control_path_dir': control_dir(tmp_path),
+            'ansible_python_interpreter': '/usr/bin/python3'}
+    host.update(overrides)
+    path = tmp_path / 'containers.yml'
+    path.write_text(yaml.safe_dump({'all': {'hosts': {'ct': host}}}))
+    return str(path)
+
+
+def run(tmp_path, inv, tasks, *args, gather=False, env=None):
+    return run_playbook([{'name': 'in the container', 'hosts': 'ct', 'gather_facts': gather, 'tasks': tasks}],
+                        tmp_path, *args, inventory=inv, env=env)
+
+
+@pytest.mark.parametrize('pipelining', ['True', 'False'])
+def test_commands_modules_and_facts(tmp_path, creds, container, pipelining):
+    inv = inventory(tmp_path, creds, container)
+    r = run(tmp_path, inv, [{'ansible.builtin.command': 'hostname', 'register': 'h'},
+                            {'ansible.builtin.raw': 'echo raw-ok'},
+                            {'ansible.builtin.stat': {'path': '/etc/debian_version'}}],
+            gather=True, env={'ANSIBLE_PIPELINING': pipelining})
+    assert r.rc == 0, r.stdout[-2000:]
+    assert r.task(0, 'ct')['ansible_facts']['ansible_hostname'] == 'conn985'
+    assert r.task(1, 'ct')['stdout'] == 'conn985'
+    assert r.task(2, 'ct')['stdout'].strip() == 'raw-ok'
+    assert r.task(3, 'ct')['stat']['exists'] is True
+    # Ansible's remote temporary files went to root's home, not to a literal '~' directory
+    leftovers = run(tmp_path, inv, [{'ansible.builtin.stat': {'path': '/~'}}])
+    assert leftovers.task(0, 'ct')['stat']['exists'] is False
+    # one multiplexed connection per node: its control socket is there after the run
+    assert len(os.listdir(os.path.realpath(str(tmp_path / 'cp')))) == 1
+
+
+def test_files_both_ways(tmp_path, creds, container):
+    src = tmp_path / 'big.bin'
+    src.write_bytes(os.urandom(3 * 1024 * 1024))
+    inv = inventory(tmp_path, creds, container)
+    r = run(tmp_path, inv, [
+        {'ansible.builtin.copy': {'src': str(src), 'dest': '/root/big.bin', 'mode': '0640'}},
+        {'ansible.builtin.fetch': {'src': '/root/big.bin', 'dest': str(tmp_path / 'back.bin'), 'flat': True}},
+        {'ansible.builtin.stat': {'path': '/root/big.bin'}}])
+    assert r.rc == 0, r.stdout[-2000:]
+    assert (tmp_path / 'back.bin').read_bytes() == src.read_bytes()
+    assert r.task(2, 'ct')['stat']['mode'] == '0640'
+
+
+def test_become_another_user_inside(tmp_path, creds, container):
+    inv = inventory(tmp_path, creds, container)
+    r = run(tmp_path, inv, [{'ansible.builtin.command': 'id -un', 'become': True, 'become_user': 'nobody',
+                             'become_method': 'ansible.builtin.su', 'become_flags': '-s /bin/sh'},
+                            {'ansible.builtin.command': 'id -un'}])
+    assert r.rc == 0, r.stdout[-2000:]
+    assert r.task(0, 'ct')['stdout'] == 'nobody'
+    assert r.task(1, 'ct')['stdout'] == 'root'
+
+
+def test_local_mode_when_the_controller_is_the_node(tmp_path, creds, container):
+    inv = inventory(tmp_path, creds, container, ansible_pct_local=True, ansible_pct_node=None)
+    r = run(tmp_path, inv, [{'ansible.builtin.command': 'hostname'}])
+    assert r.rc == 0 and r.task(0, 'ct')['stdout'] == 'conn985'
+
+
+def test_clear_errors(tmp_path, creds, pve):
+    pve.create(986)
+    stopped = run(tmp_path, inventory(tmp_path, creds, 986), [{'ansible.builtin.command': 'true'}])
+    assert stopped.task(0, 'ct').get('unreachable')
+    assert 'CT 986 on node 127.0.0.1 is not running' in stopped.task(0, 'ct')['msg']
+    missing = run(tmp_path, inventory(tmp_path, creds, 987), [{'ansible.builtin.command': 'true'}])
+    assert 'there is no CT 987' in missing.task(0, 'ct')['msg']
+    unreachable = run(tmp_path, inventory(tmp_path, creds, 986, ansible_pct_node_port=1),
+                      [{'ansible.builtin.command': 'true'}])
+    assert unreachable.task(0, 'ct').get('unreachable')
+    assert 'cannot reach node 127.0.0.1 over SSH' in unreachable.task(0, 'ct')['msg']
