@@ -162,7 +162,7 @@ def discover(dev_dir='/dev', proc_root='/proc', smi=None):
         if missing:
             findings.append({'code': 'gpu_nodes_missing', 'fix': 'nvidia-modprobe -c {0}'.format(missing[0]),
                              'msg': 'nvidia-smi lists GPU(s) {0} without a /dev/nvidiaN node'.format(missing)})
-    return {'gpus': gpus, 'count': len(gpus), 'control': control, 'caps': caps,
+    return {'gpus': gpus, 'count': len(gpus), 'indexes': [g['index'] for g in gpus], 'control': control, 'caps': caps,
             'majors': dict((k, v) for k, v in majors.items() if k.startswith('nvidia')),
             'uvm_major': uvm_major, 'driver_version': version, 'findings': findings,
             'nvidia_smi': smi if listed is not None else None}

@@ -46,7 +46,7 @@ def preflight():
     if os.geteuid() != 0:
         problems.append('the lab needs root (it makes LXC containers, device nodes and a bridge)')
     for tool, package in (('lxc-start', 'lxc'), ('debootstrap', 'debootstrap'), ('sshd', 'openssh-server'),
-                          ('nft', 'nftables'), ('ip', 'iproute2')):
+                          ('nft', 'nftables'), ('ip', 'iproute2'), ('gcc', 'gcc')):
         if not shutil.which(tool) and not os.path.exists('/usr/sbin/' + tool):
             problems.append('{0} is missing (apt-get install {1})'.format(tool, package))
     try:
@@ -264,9 +264,29 @@ def write_proc(lab, uvm_major):
                  '{0} nvidia-uvm\n\nBlock devices:\n  7 loop\n'.format(uvm_major))
     smi = lab.path('driver', 'bin', 'nvidia-smi')
     _write(smi, NVIDIA_SMI.format(version=DRIVER_VERSION, count=lab.gpus).encode(), 0o755)
+    build_driver_libs(lab.path('driver', 'lib'), DRIVER_VERSION)
     with open(os.path.join(lab.proc_dir, 'driver', 'nvidia', 'version'), 'w') as fh:
         fh.write('NVRM version: NVIDIA UNIX x86_64 Kernel Module  {0}  Tue Sep 30 12:00:00 UTC 2025\n'
                  'GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n'.format(DRIVER_VERSION))
+
+
+# The userspace half of the stand-in driver: real ELF libraries with NVIDIA's names and sonames,
+# so that a container can be given "the node's driver" and its version checked, as on a real node.
+DRIVER_LIBS = {'libcuda': 'libcuda.so.1', 'libnvidia-ml': 'libnvidia-ml.so.1',
+               'libnvidia-ptxjitcompiler': 'libnvidia-ptxjitcompiler.so.1'}
+
+
+def build_driver_libs(directory, version):
+    os.makedirs(directory, exist_ok=True)
+    src = os.path.join(directory, 'standin.c')
+    with open(src, 'w') as fh:
+        fh.write('/* gpufleet lab: a stand-in for the NVIDIA userspace driver (no GPU behind it). */\n'
+                 'const char *gpufleet_standin_driver_version(void) { return "%s"; }\n' % version)
+    for name, soname in DRIVER_LIBS.items():
+        target = os.path.join(directory, '{0}.so.{1}'.format(name, version))
+        if not os.path.exists(target):
+            sh(['gcc', '-shared', '-fPIC', '-Wl,-soname,' + soname, '-o', target, src])
+    os.unlink(src)
 
 
 def remove_gpus(record):

@@ -1,0 +1,27 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Filters over the fleet definition (the logic lives in module_utils/_fleet.py)."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _fleet
+
+
+def fleet_errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, passthrough='auto'):
+    return _fleet.errors(fleet, nodes, pve, is_root_password, gpu_sharing, passthrough)
+
+
+def fleet_specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None):
+    return _fleet.specs(fleet, nodes, defaults, passthrough, driver_mount)
+
+
+def fleet_raw(fleet, nodes, majors):
+    return _fleet.raw(fleet, nodes, majors)
+
+
+class FilterModule(object):
+    def filters(self):
+        return {'fleet_errors': fleet_errors, 'fleet_specs': fleet_specs, 'fleet_raw': fleet_raw}

@@ -1,0 +1,204 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The fleet definition: checked as a whole, then turned into one lxc_container spec per container.
+
+A fleet entry (see roles/gpu_container/meta/argument_specs.yml):
+    {vmid, hostname, node, gpus: [0, 1] | 'all' | [], cores, memory, swap, rootfs, net, template,
+     storage, unprivileged, features, tags, description, onboot, mounts, devices}
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import re
+
+# Device nodes every GPU container gets besides its /dev/nvidiaN.
+CONTROL_NODES = ('/dev/nvidiactl', '/dev/nvidia-uvm', '/dev/nvidia-uvm-tools', '/dev/nvidia-modeset')
+ENTRY_KEYS = ('vmid', 'hostname', 'node', 'gpus', 'cores', 'memory', 'swap', 'rootfs', 'net', 'template',
+              'storage', 'unprivileged', 'features', 'tags', 'description', 'onboot', 'mounts', 'devices',
+              'state', 'venv_profile')
+HOSTNAME = re.compile(r'^(?=.{1,63}$)[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?$')
+INT_KEYS = {'cores': 1, 'memory': 16, 'swap': 0}
+# devN arrived in pve-container 5.0.7, shipped with PVE 8.1.
+DEVN_SINCE = (8, 1)
+
+
+def pve_version(text):
+    m = re.match(r'^(\d+)\.(\d+)', str(text or ''))
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def gpu_list(entry, node_gpus):
+    gpus = entry.get('gpus', [])
+    if gpus == 'all':
+        return sorted(node_gpus or [])
+    return list(gpus or [])
+
+
+def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, passthrough='auto'):
+    """Every problem with the fleet definition, as 'containers[i] (vmid N).field: what' sentences.
+
+    nodes: {node name: [GPU indexes it has]} for the nodes the inventory knows.
+    pve: the cluster's version string ('8.4.1'), or None when unknown.
+    """
+    out = []
+    if not isinstance(fleet, list):
+        return ['containers must be a list of container definitions']
+    seen_vmid, seen_host, owner = {}, {}, {}
+    for i, entry in enumerate(fleet):
+        if not isinstance(entry, dict):
+            out.append('containers[{0}] must be a dict, got {1}'.format(i, type(entry).__name__))
+            continue
+        where = 'containers[{0}]'.format(i)
+        vmid = entry.get('vmid')
+        if vmid is not None:
+            where += ' (vmid {0})'.format(vmid)
+        for key in sorted(set(entry) - set(ENTRY_KEYS)):
+            out.append('{0}.{1}: unknown key (known: {2})'.format(where, key, ', '.join(ENTRY_KEYS)))
+        if not isinstance(vmid, int) or isinstance(vmid, bool) or not 100 <= vmid <= 999999999:
+            out.append('{0}.vmid: must be a whole number from 100 to 999999999, got {1!r}'.format(where, vmid))
+        elif vmid in seen_vmid:
+            out.append('{0}.vmid: {1} is also the vmid of containers[{2}]'.format(where, vmid, seen_vmid[vmid]))
+        else:
+            seen_vmid[vmid] = i
+        host = entry.get('hostname')
+        if not isinstance(host, str) or not HOSTNAME.match(host):
+            out.append('{0}.hostname: must be a DNS label (letters, digits, hyphens), got {1!r}'.format(where, host))
+        elif host.lower() in seen_host:
+            out.append('{0}.hostname: {1} is also the hostname of containers[{2}]'.format(
+                where, host, seen_host[host.lower()]))
+        else:
+            seen_host[host.lower()] = i
+        node = entry.get('node')
+        if not node:
+            out.append('{0}.node: required'.format(where))
+        elif node not in nodes:
+            out.append('{0}.node: {1} is not a node of the inventory (pve_nodes: {2})'.format(
+                where, node, ', '.join(sorted(nodes)) or 'none'))
+        for key, low in sorted(INT_KEYS.items()):
+            value = entry.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+                out.append('{0}.{1}: must be a whole number of at least {2}, got {3!r}'.format(where, key, low, value))
+        for key in ('unprivileged', 'onboot'):
+            if key in entry and not isinstance(entry[key], bool):
+                out.append('{0}.{1}: must be true or false, got {2!r}'.format(where, key, entry[key]))
+        net = entry.get('net')
+        if net is not None and not isinstance(net, (str, dict)):
+            out.append('{0}.net: must be a net0 property string or a dict of netN, got {1!r}'.format(where, net))
+        elif isinstance(net, str) and 'bridge=' not in net:
+            out.append('{0}.net: {1!r} names no bridge (bridge=vmbr0)'.format(where, net))
+        rootfs = entry.get('rootfs')
+        if rootfs is not None and not (isinstance(rootfs, int) and rootfs > 0) and not isinstance(rootfs, str):
+            out.append('{0}.rootfs: a size in GiB or a PVE volume spec, got {1!r}'.format(where, rootfs))
+        gpus = entry.get('gpus', [])
+        if gpus != 'all' and not (isinstance(gpus, list) and all(
+                isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus)):
+            out.append("{0}.gpus: must be a list of GPU indexes or 'all', got {1!r}".format(where, gpus))
+            continue
+        if isinstance(gpus, list) and len(set(gpus)) != len(gpus):
+            out.append('{0}.gpus: lists a GPU twice: {1}'.format(where, gpus))
+        node_gpus = nodes.get(node)
+        if node_gpus is not None:
+            for g in gpu_list(entry, node_gpus):
+                if g not in node_gpus:
+                    out.append('{0}.gpus: node {1} has no GPU {2} (it has {3})'.format(
+                        where, node, g, sorted(node_gpus) or 'none'))
+                elif not gpu_sharing:
+                    key = (node, g)
+                    if key in owner:
+                        out.append('{0}.gpus: GPU {1} of node {2} is already given to containers[{3}] '
+                                   '(set gpu_container_gpu_sharing: true to share GPUs)'.format(where, g, node, owner[key]))
+                    else:
+                        owner[key] = i
+        if gpu_list(entry, node_gpus or []) or entry.get('devices'):
+            if passthrough in ('auto', 'devn') and pve is not None and pve_version(pve) < DEVN_SINCE:
+                if passthrough == 'devn':
+                    out.append('{0}.gpus: passthrough devn needs PVE 8.1 or later; the cluster runs {1} '
+                               '(use gpu_container_passthrough: raw)'.format(where, pve))
+            elif passthrough in ('auto', 'devn') and not is_root_password:
+                out.append('{0}.gpus: GPU passthrough (devN) can only be set by root@pam with its password; '
+                           'the API login is a token. Set gpufleet_api_user: root@pam and gpufleet_api_password '
+                           '(from a vault) for provisioning runs.'.format(where))
+    return out
+
+
+def devices_for(entry, node_gpus, passthrough):
+    """The devN entries (dicts for lxc_container) of a container: its GPUs, then the control nodes."""
+    gpus = gpu_list(entry, node_gpus)
+    devs = [{'path': '/dev/nvidia{0}'.format(g)} for g in gpus]
+    if gpus:
+        devs += [{'path': p} for p in CONTROL_NODES]
+    devs += list(entry.get('devices') or [])
+    return devs
+
+
+def raw_lines(devices, majors):
+    """The PVE < 8.1 way: raw lxc.* lines for the same device nodes (mount entries and cgroup2 rules)."""
+    lines = []
+    for dev in devices:
+        path = dev['path']
+        name = path[len('/dev/'):]
+        if name.startswith('nvidia-uvm'):
+            major, minor = majors.get('nvidia-uvm'), 0 if name == 'nvidia-uvm' else 1
+        elif name == 'nvidiactl':
+            major, minor = 195, 255
+        elif name == 'nvidia-modeset':
+            major, minor = 195, 254
+        else:
+            major, minor = 195, int(name[len('nvidia'):]) if name[len('nvidia'):].isdigit() else None
+        if major is not None and minor is not None:
+            lines.append('lxc.cgroup2.devices.allow: c {0}:{1} rw'.format(major, minor))
+        lines.append('lxc.mount.entry: {0} {1} none bind,optional,create=file'.format(path, name))
+    return lines
+
+
+def specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None):
+    """One lxc_container entry per container: the fleet's values over the role's defaults.
+
+    driver_mount: {node: mount string} binding that node's driver bundle into its containers.
+    """
+    out = []
+    for entry in fleet:
+        spec = dict((k, v) for k, v in defaults.items() if v is not None)
+        node = entry['node']
+        for key in ('vmid', 'hostname', 'node', 'cores', 'memory', 'swap', 'unprivileged', 'features', 'tags',
+                    'description', 'onboot', 'storage', 'state'):
+            if entry.get(key) is not None:
+                spec[key] = entry[key]
+        if entry.get('template'):
+            spec['ostemplate'] = entry['template']
+        rootfs = entry.get('rootfs')
+        if isinstance(rootfs, int):
+            spec['rootfs'] = '{0}:{1}'.format(spec.get('storage') or 'local-lvm', rootfs)
+        elif rootfs:
+            spec['rootfs'] = rootfs
+        net = entry.get('net')
+        if isinstance(net, str):
+            spec['net'] = {'net0': net}
+        elif isinstance(net, dict):
+            spec['net'] = net
+        mounts = dict(entry.get('mounts') or {})
+        if driver_mount and driver_mount.get(node) and gpu_list(entry, nodes.get(node)):
+            free = [n for n in range(256) if 'mp{0}'.format(n) not in mounts]
+            mounts['mp{0}'.format(free[-1])] = driver_mount[node]
+        if mounts or entry.get('mounts') is not None:
+            spec['mounts'] = mounts
+        # With raw passthrough the GPUs go in as lxc.* lines (raw()), not as devN.
+        spec['devices'] = devices_for(entry, nodes.get(node), passthrough) if passthrough != 'raw' else list(
+            entry.get('devices') or [])
+        out.append(spec)
+    return out
+
+
+def raw(fleet, nodes, majors):
+    """{vmid: [raw lxc lines]} for GPU passthrough without devN; majors: {node: {name: major}}."""
+    out = {}
+    for entry in fleet:
+        node = entry['node']
+        gpus = gpu_list(entry, nodes.get(node))
+        if gpus:
+            devs = [{'path': '/dev/nvidia{0}'.format(g)} for g in gpus] + [{'path': p} for p in CONTROL_NODES]
+            out[entry['vmid']] = raw_lines(devs, (majors or {}).get(node) or {})
+    return out

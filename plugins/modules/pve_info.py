@@ -1,0 +1,91 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+module: pve_info
+short_description: What a Proxmox VE cluster is, read in three requests
+version_added: 0.1.0
+description:
+  - Reads the PVE version, the nodes and every guest of the cluster, and says how the module logged in
+    (whether it is V(root@pam) with a password, which device passthrough needs).
+  - Changes nothing.
+author:
+  - gpufleet.proxmox contributors
+extends_documentation_fragment:
+  - gpufleet.proxmox.pve
+attributes:
+  check_mode:
+    support: full
+    description: Reads only.
+  diff_mode:
+    support: none
+    description: Nothing to show.
+options: {}
+'''
+
+EXAMPLES = r'''
+- name: Which PVE is this?
+  gpufleet.proxmox.pve_info:
+    api_host: pve1.example.com
+    api_user: root@pam
+    api_token_id: audit
+    api_token_secret: "{{ vault_audit_token }}"
+  register: pve
+'''
+
+RETURN = r'''
+version:
+  description: The PVE version (V(8.4.1)).
+  returned: always
+  type: str
+nodes:
+  description: The cluster's nodes with their status.
+  returned: always
+  type: list
+  elements: dict
+guests:
+  description: Every guest, by vmid (as a string key) with its node, type, name and status.
+  returned: always
+  type: dict
+user:
+  description: The login.
+  returned: always
+  type: str
+is_root_password:
+  description: True when logged in as V(root@pam) with its password.
+  returned: always
+  type: bool
+'''
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pve
+
+
+def main():
+    module = AnsibleModule(argument_spec=dict(_pve.CONNECTION_SPEC), supports_check_mode=True,
+                           required_one_of=_pve.CONNECTION_REQUIRED_ONE_OF,
+                           required_together=_pve.CONNECTION_REQUIRED_TOGETHER)
+    if not _pve.HAS_PROXMOXER:
+        module.fail_json(msg=missing_required_lib('proxmoxer'), exception=_pve.PROXMOXER_IMPORT_ERROR)
+    try:
+        client = _pve.PveClient(module.params)
+        version = client.version()
+        nodes = client.get('nodes')
+        guests = client.guests()
+    except _pve.PveError as e:
+        module.fail_json(**e.result())
+    module.exit_json(changed=False, version=version.get('version'), nodes=nodes,
+                     guests=dict((str(k), dict(node=g.get('node'), type=g.get('type'), name=g.get('name'),
+                                               status=g.get('status'))) for k, g in guests.items()),
+                     user=client.auth_label(), is_root_password=client.is_root_password)
+
+
+if __name__ == '__main__':
+    main()
