@@ -435,6 +435,9 @@ class Reconciler(object):
         params.update(vmid=vmid, ostemplate=spec['ostemplate'], unprivileged=1 if spec.get('unprivileged', True) else 0)
         if spec.get('storage'):
             params['storage'] = spec['storage']
+        if 'rootfs' not in params and any(key_family(k) == 'mp' for k in params):
+            # PVE wants rootfs spelled out once there are mount points; give what it would default to.
+            params['rootfs'] = '{0}:4'.format(spec.get('storage') or 'local')
         if spec.get('ssh_public_keys'):
             params['ssh-public-keys'] = spec['ssh_public_keys']
         plan['create'] = params

@@ -1,0 +1,162 @@
+"""The gpu_node and gpu_container roles through playbooks/site.yml, against the lab."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import ROOT, run_playbook
+
+pytestmark = pytest.mark.lab
+
+SITE = os.path.join(ROOT, 'playbooks', 'site.yml')
+OPEN = ('import errno, glob, os\n'
+        'for p in sorted(glob.glob("/dev/nvidia*")):\n'
+        '    try:\n'
+        '        os.close(os.open(p, os.O_RDWR)); print(p, "OK")\n'
+        '    except OSError as e:\n'
+        '        print(p, errno.errorcode[e.errno])\n')
+
+
+def site(tmp_path, fleet, *args, **extra):
+    extra['gpufleet_containers'] = fleet
+    path = tmp_path / 'vars-{0}.json'.format(len(list(tmp_path.glob('vars-*.json'))))
+    path.write_text(json.dumps(extra))
+    return run_playbook(open(SITE).read(), tmp_path, '-e', '@' + str(path), *args)
+
+
+def recap(result, host):
+    return result.stats[host]
+
+
+def entry(vmid, hostname, gpus, **kw):
+    e = {'vmid': vmid, 'hostname': hostname, 'node': 'pve1', 'gpus': gpus, 'cores': 1, 'memory': 512,
+         'net': 'name=eth0,bridge=vmbr0,ip=10.77.0.{0}/24,gw=10.77.0.1'.format(vmid % 200 + 2)}
+    e.update(kw)
+    return e
+
+
+def devices_seen(vmid):
+    out = subprocess.run(['pct', 'exec', str(vmid), '--', 'python3', '-c', OPEN], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return dict(line.split() for line in out.stdout.splitlines())
+
+
+CONTROL = {'/dev/nvidiactl': 'ENXIO', '/dev/nvidia-uvm': 'ENXIO', '/dev/nvidia-uvm-tools': 'ENXIO',
+           '/dev/nvidia-modeset': 'ENXIO'}
+
+
+def test_two_containers_each_see_only_their_gpus(tmp_path, pve, control):
+    fleet = [entry(311, 'train-lo', [0, 1, 2, 3]), entry(312, 'train-hi', [4, 5, 6, 7])]
+    pve.made.extend([311, 312])
+    first = site(tmp_path, fleet)
+    assert first.rc == 0, first.stdout[-4000:]
+    assert devices_seen(311) == dict(CONTROL, **{'/dev/nvidia{0}'.format(i): 'ENXIO' for i in range(4)})
+    assert devices_seen(312) == dict(CONTROL, **{'/dev/nvidia{0}'.format(i): 'ENXIO' for i in range(4, 8)})
+    for vmid in (311, 312):
+        smi = subprocess.run(['pct', 'exec', str(vmid), '--', 'nvidia-smi'], capture_output=True, text=True)
+        assert 'Driver Version: 580.95.05' in smi.stdout
+    assert recap(first, 'train-lo')['failures'] == 0 and recap(first, 'train-hi')['failures'] == 0
+    control.clear_requests()
+    second = site(tmp_path, fleet)
+    assert second.rc == 0
+    assert all(s['changed'] == 0 for s in second.stats.values()), second.stats
+    assert control.mutating_requests() == []
+
+
+def test_check_mode_on_a_new_fleet_changes_nothing(tmp_path, pve, control):
+    control.clear_requests()
+    r = site(tmp_path, [entry(313, 'dry-run', [0])], '--check', '--diff')
+    assert r.rc == 0, r.stdout[-3000:]
+    assert control.mutating_requests() == []
+    assert 313 not in [g['vmid'] for g in pve.api.cluster.resources.get(type='vm')]
+
+
+def test_driver_mismatch_is_reported(tmp_path, pve, lab):
+    pve.made.append(314)
+    fleet = [entry(314, 'old-driver', [0])]
+    ok = site(tmp_path, fleet, gpu_container_driver_mode='none')
+    # mode none: nothing gives the container a driver, so the check fails, naming what it found
+    msg = ok.task(-1, 'old-driver')['msg'] if ok.rc else ''
+    assert ok.rc != 0 and 'driver mismatch' in msg and 'libcuda none' in msg and '580.95.05' in msg
+    # an older userspace driver inside the container is named with its version
+    lib = tmp_path / 'libcuda.so.570.172.08'
+    src = tmp_path / 'x.c'
+    src.write_text('int x(void) { return 0; }\n')
+    subprocess.run(['gcc', '-shared', '-fPIC', '-Wl,-soname,libcuda.so.1', '-o', str(lib), str(src)], check=True)
+    node_copy = os.path.join(lab.root, 'libcuda.so.570.172.08')
+    subprocess.run(['cp', str(lib), node_copy], check=True)
+    subprocess.run(['pct', 'push', '314', node_copy, '/usr/lib/x86_64-linux-gnu/libcuda.so.570.172.08'], check=True)
+    subprocess.run(['pct', 'exec', '314', '--', 'ldconfig'], check=True)
+    os.unlink(node_copy)
+    bad = site(tmp_path, fleet, gpu_container_driver_mode='none')
+    msg = bad.task(-1, 'old-driver')['msg']
+    assert 'loads libcuda 570.172.08' in msg and 'kernel module 580.95.05' in msg
+
+
+BAD = [
+    ('unknown key', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'gpus': [0], 'cpu': 2}], 'containers[0] (vmid 321).cpu'),
+    ('vmid missing', [{'hostname': 'a', 'node': 'pve1'}], 'containers[0].vmid'),
+    ('vmid too small', [{'vmid': 99, 'hostname': 'a', 'node': 'pve1'}], 'containers[0] (vmid 99).vmid'),
+    ('vmid not a number', [{'vmid': 'x321', 'hostname': 'a', 'node': 'pve1'}], '.vmid: must be a whole number'),
+    ('duplicate vmid', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1'}, {'vmid': 321, 'hostname': 'b', 'node': 'pve1'}],
+     'containers[1] (vmid 321).vmid: 321 is also the vmid of containers[0]'),
+    ('duplicate hostname', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1'}, {'vmid': 322, 'hostname': 'A', 'node': 'pve1'}],
+     'containers[1] (vmid 322).hostname: A is also the hostname of containers[0]'),
+    ('bad hostname', [{'vmid': 321, 'hostname': 'train_0', 'node': 'pve1'}], 'containers[0] (vmid 321).hostname'),
+    ('node missing', [{'vmid': 321, 'hostname': 'a'}], 'containers[0] (vmid 321).node: required'),
+    ('unknown node', [{'vmid': 321, 'hostname': 'a', 'node': 'pve9'}], 'node: pve9 is not a node of the inventory'),
+    ('GPU the node lacks', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'gpus': [8]}], 'node pve1 has no GPU 8'),
+    ('GPU given twice', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'gpus': [0, 1]},
+                         {'vmid': 322, 'hostname': 'b', 'node': 'pve1', 'gpus': [1]}],
+     'containers[1] (vmid 322).gpus: GPU 1 of node pve1 is already given to containers[0]'),
+    ('GPU listed twice', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'gpus': [2, 2]}], 'gpus: lists a GPU twice'),
+    ('gpus not a list', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'gpus': 'first'}], ".gpus: must be a list of GPU indexes or 'all'"),
+    ('negative memory', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'memory': -1}], '.memory: must be a whole number of at least 16'),
+    ('cores not a number', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'cores': 'many'}], '.cores: must be a whole number'),
+    ('unprivileged not a bool', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'unprivileged': 'yes'}], '.unprivileged: must be true or false'),
+    ('net without bridge', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'net': 'name=eth0,ip=dhcp'}], '.net:'),
+    ('entry not a dict', ['train-0'], "option 'gpu_container_fleet' is of type str"),
+]
+
+
+def test_bad_fleets_are_rejected_naming_the_field_with_zero_mutations(tmp_path, control):
+    """Each bad definition goes through the real role in a play of its own (one ansible-playbook run
+    for all of them, after one gpu_node run); each must be refused before any API change."""
+    plays = [{'name': 'node', 'hosts': 'pve_nodes', 'gather_facts': False,
+              'roles': [{'role': 'gpufleet.proxmox.gpu_node', 'gpu_node_driver_bundle': False}]}]
+    for name, fleet, _ in BAD:
+        plays.append({'name': name, 'hosts': 'pve_nodes', 'gather_facts': False,
+                      'vars': {'gpu_container_fleet': fleet},
+                      'tasks': [{'block': [{'ansible.builtin.include_role': {'name': 'gpufleet.proxmox.gpu_container'}}],
+                                 'rescue': [{'name': 'rejected', 'ansible.builtin.debug': {
+                                     'msg': '{{ ansible_failed_result.msg }}'}}]}]})
+    control.clear_requests()
+    r = run_playbook(plays, tmp_path)
+    assert r.rc == 0, r.stdout[-3000:]
+    by_play = dict((p['name'], p) for p in r.data['plays'])
+    for name, _, field in BAD:
+        rejected = [t['hosts']['pve1'] for t in by_play[name]['tasks'] if t['name'] == 'rejected']
+        assert rejected, '{0}: not rejected'.format(name)
+        assert field in rejected[0]['msg'], (name, rejected[0]['msg'])
+    assert control.mutating_requests() == []
+
+
+def test_token_only_login_with_gpus_is_rejected(tmp_path, control, creds):
+    control.clear_requests()
+    api = {'api_host': creds['api_host'], 'api_port': creds['api_port'], 'api_user': creds['api_user'],
+           'api_token_id': creds['api_token_id'], 'api_token_secret': creds['api_token_secret'],
+           'ca_path': creds['ca_path']}
+    r = site(tmp_path, [entry(323, 'tok', [0])], '--tags', 'node,containers', gpu_container_api=api,
+             gpu_node_driver_bundle=False)
+    assert r.rc != 0
+    assert 'can only be set by root@pam with its password' in r.stdout
+    assert control.mutating_requests() == []
+
+
+def test_all_problems_are_reported_at_once(tmp_path, control):
+    fleet = [{'vmid': 99, 'hostname': 'bad_name', 'node': 'pve9', 'gpus': [0], 'ram': 1}]
+    r = site(tmp_path, fleet, '--tags', 'node,containers', gpu_node_driver_bundle=False)
+    assert r.rc != 0
+    assert '4 problem(s)' in r.stdout
