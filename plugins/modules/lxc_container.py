@@ -154,7 +154,7 @@ options:
 '''
 
 EXAMPLES = r'''
-- name: A training container with GPUs 0-3 (root@pam: devN needs it)
+- name: A training container with GPUs 0-3 (devN needs root@pam with its password)
   gpufleet.proxmox.lxc_container:
     api_host: pve1.example.com
     api_user: root@pam
