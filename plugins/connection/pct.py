@@ -17,7 +17,7 @@ description:
   - Files are copied both ways through the same channel (no temporary file on the node); pipelining is
     supported; C(become) works inside the container (pct exec runs as the container's root).
 author:
-  - gpufleet.proxmox contributors
+  - gpufleet maintainers (@gpufleet)
 options:
   vmid:
     description: The container's id. Defaults to the host's address (C(ansible_host)) when that is a number.
@@ -189,7 +189,7 @@ class Connection(ConnectionBase):
         if rc == 255 and not self.get_option('local'):
             # 255 is ssh's own failure, or the command's exit code: ask the node once more to tell which.
             probe = subprocess.run(self._ssh_argv() + ['--', 'true'], stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
             if probe.returncode != 0:
                 raise AnsibleConnectionFailure('cannot reach {0} over SSH to run CT {1}\'s command: {2}'.format(
                     self._where(), vmid, to_text(probe.stderr or err).strip()))
@@ -230,8 +230,8 @@ class Connection(ConnectionBase):
                 raise
         if rc != 0:
             os.unlink(tmp)
-            raise AnsibleError('failed to fetch {0} from CT {1}: {2}'.format(in_path, self._vmid(),
-                                                                            to_text(err).strip()))
+            raise AnsibleError('failed to fetch {0} from CT {1}: {2}'.format(
+                in_path, self._vmid(), to_text(err).strip()))
         os.rename(tmp, out_path)
 
     def close(self):

@@ -149,8 +149,8 @@ def device_value(index, dev):
         raise SpecError('devices[{0}] must be a dict with at least path'.format(index))
     unknown = sorted(set(dev) - set(DEVICE_KEYS))
     if unknown:
-        raise SpecError('devices[{0}]: unknown key(s) {1}; known: {2}'.format(index, ', '.join(unknown),
-                                                                            ', '.join(DEVICE_KEYS)))
+        raise SpecError('devices[{0}]: unknown key(s) {1}; known: {2}'.format(
+            index, ', '.join(unknown), ', '.join(DEVICE_KEYS)))
     path = dev.get('path')
     if not path or not str(path).startswith('/dev/'):
         raise SpecError('devices[{0}].path must be a device under /dev/, got {1!r}'.format(index, path))

@@ -20,7 +20,7 @@ description:
     stale, no driver), each with the command that fixes it.
   - Changes nothing. Uses only the Python standard library.
 author:
-  - gpufleet.proxmox contributors
+  - gpufleet maintainers (@gpufleet)
 attributes:
   check_mode:
     support: full

@@ -23,7 +23,7 @@ description:
     guests; the top-level container options are the defaults for each entry. Every container is read and
     checked before any is changed.
 author:
-  - gpufleet.proxmox contributors
+  - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.proxmox.pve
 attributes:
@@ -130,7 +130,7 @@ options:
   restart_on_pending:
     description:
       - Restart a running container when a change could not be applied live and waits in pending.
-        Off by default; the result says O(restart_required) either way.
+        Off by default; the result says RV(restart_required) either way.
     type: bool
     default: false
   force:

@@ -16,7 +16,7 @@ description:
     (whether it is V(root@pam) with a password, which device passthrough needs).
   - Changes nothing.
 author:
-  - gpufleet.proxmox contributors
+  - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.proxmox.pve
 attributes:
