@@ -22,6 +22,10 @@ def fleet_raw(fleet, nodes, majors):
     return _fleet.raw(fleet, nodes, majors)
 
 
+def fleet_power(specs, restart):
+    return _fleet.power(specs, restart)
+
+
 class FilterModule(object):
     def filters(self):
-        return {'fleet_errors': fleet_errors, 'fleet_specs': fleet_specs, 'fleet_raw': fleet_raw}
+        return {'fleet_errors': fleet_errors, 'fleet_specs': fleet_specs, 'fleet_raw': fleet_raw, 'fleet_power': fleet_power}

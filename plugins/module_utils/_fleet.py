@@ -150,7 +150,7 @@ def raw_lines(devices, majors):
             major, minor = 195, int(name[len('nvidia'):]) if name[len('nvidia'):].isdigit() else None
         if major is not None and minor is not None:
             lines.append('lxc.cgroup2.devices.allow: c {0}:{1} rw'.format(major, minor))
-        lines.append('lxc.mount.entry: {0} {1} none bind,optional,create=file'.format(path, name))
+        lines.append('lxc.mount.entry: {0} dev/{1} none bind,optional,create=file'.format(path, name))
     return lines
 
 
@@ -201,4 +201,16 @@ def raw(fleet, nodes, majors):
         if gpus:
             devs = [{'path': '/dev/nvidia{0}'.format(g)} for g in gpus] + [{'path': p} for p in CONTROL_NODES]
             out[entry['vmid']] = raw_lines(devs, (majors or {}).get(node) or {})
+    return out
+
+
+def power(specs, restart):
+    """The specs again with their power state, 'restarted' where a started one's raw lines changed (vmids)."""
+    restart = set(int(v) for v in restart or [])
+    out = []
+    for spec in specs:
+        state = spec.get('state') or 'started'
+        if spec['vmid'] in restart and state == 'started':
+            state = 'restarted'
+        out.append(dict(spec, state=state))
     return out

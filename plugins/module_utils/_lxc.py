@@ -16,8 +16,10 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import os
 import re
 
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pveconf
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._pve import PveError
 
 # Per-container options (PVE's names where PVE has one).
@@ -42,12 +44,15 @@ CONTAINER_SPEC = dict(
     ssh_public_keys=dict(type='str', no_log=False),
     mounts=dict(type='dict'),
     devices=dict(type='list', elements='dict'),
+    lxc_raw=dict(type='list', elements='str'),
+    pve_root=dict(type='path'),
     state=dict(type='str', choices=['present', 'started', 'stopped', 'restarted', 'absent']),
     restart_on_pending=dict(type='bool'),
     force=dict(type='bool'),
     purge=dict(type='bool'),
 )
-DEFAULTS = dict(unprivileged=True, state='present', restart_on_pending=False, force=False, purge=False)
+DEFAULTS = dict(unprivileged=True, state='present', restart_on_pending=False, force=False, purge=False,
+                pve_root='/etc/pve')
 DEVICE_KEYS = ('path', 'mode', 'uid', 'gid', 'deny_write')
 CREATE_ONLY = ('ostemplate', 'storage', 'ssh_public_keys')
 # Keys PVE fills in on its own inside a netN value: not a difference unless asked for.
@@ -292,7 +297,8 @@ def validate(specs):
                 where, vmid, spec['hostname']))
         try:
             wanted_config(spec)
-        except SpecError as e:
+            _pveconf.normalize(spec.get('lxc_raw'))
+        except (SpecError, _pveconf.RawError) as e:
             raise SpecError('{0} (vmid {1}): {2}'.format(where, vmid, e))
 
 
@@ -359,7 +365,9 @@ class Reconciler(object):
         if resize:
             res['diff']['before']['rootfs'] = current.get('rootfs')
             res['diff']['after']['rootfs'] = 'size={0}'.format(resize)
-        res['changed_keys'] = sorted(list(sets) + deletes + (['rootfs'] if resize else []))
+        self._plan_raw(plan)
+        res['changed_keys'] = sorted(list(sets) + deletes + (['rootfs'] if resize else []) +
+                                     (['lxc'] if plan.get('raw') is not None else []))
         res['changed'] = bool(res['changed_keys'])
         if status == 'running':
             # What PVE will not apply live waits for a restart (known for sure after the change).
@@ -416,8 +424,35 @@ class Reconciler(object):
                 current = {}
         raise PveError('PUT /{0}/config: the config kept changing while it was being updated'.format(path))
 
+    def _plan_raw(self, plan):
+        """Raw lxc lines: compared with the node's config file, which this module must run beside."""
+        spec = plan['spec']
+        if spec.get('lxc_raw') is None:
+            return
+        entries = _pveconf.normalize(spec['lxc_raw'])
+        path = _pveconf.conf_path(spec['pve_root'], plan['node'], plan['vmid'])
+        plan['raw_path'] = path
+        if plan['exists']:
+            try:
+                with open(path) as fh:
+                    before = _pveconf.read(fh.read())
+            except (IOError, OSError):
+                raise SpecError('vmid {0}: lxc_raw edits {1}, which is not on this machine: run the task on a '
+                                'node of the cluster (delegate_to), with pve_root pointing at its /etc/pve'.format(
+                                    plan['vmid'], path))
+        else:
+            if not os.path.isdir(os.path.dirname(path)):
+                raise SpecError('vmid {0}: lxc_raw edits {1}, whose directory is not on this machine: run the '
+                                'task on a node of the cluster'.format(plan['vmid'], path))
+            before = []
+        if before != entries:
+            self._check_passthrough(plan['vmid'], ['lxc'], [])
+            plan['raw'] = entries
+            plan['res']['diff']['before']['lxc'] = ['{0}: {1}'.format(k, v) for k, v in before]
+            plan['res']['diff']['after']['lxc'] = ['{0}: {1}'.format(k, v) for k, v in entries]
+
     def _check_passthrough(self, vmid, sets, deletes):
-        touched = [k for k in list(sets) + list(deletes) if key_family(k) == 'dev']
+        touched = [k for k in list(sets) + list(deletes) if key_family(k) == 'dev' or k == 'lxc']
         if touched and not self.client.is_root_password:
             raise SpecError(
                 'vmid {0}: {1} (device passthrough) can only be set by root@pam logged in with its password; '
@@ -441,6 +476,7 @@ class Reconciler(object):
         if spec.get('ssh_public_keys'):
             params['ssh-public-keys'] = spec['ssh_public_keys']
         plan['create'] = params
+        self._plan_raw(plan)
         res['config'] = dict((k, v) for k, v in params.items() if k not in ('vmid', 'ostemplate', 'storage',
                                                                             'ssh-public-keys'))
         res.update(changed=True, created=True, changed_keys=sorted(values))
@@ -514,6 +550,9 @@ class Reconciler(object):
             if upid:
                 client.wait_task(node, upid, 'resize rootfs of CT {0}'.format(vmid))
             res['actions'].append('resize')
+        if plan.get('raw') is not None:
+            _pveconf.apply(plan['raw_path'], plan['raw'])
+            res['actions'].append('lxc_raw')
         if plan['status'] == 'running' and (plan.get('sets') or plan.get('deletes')):
             res['pending'] = sorted(p['key'] for p in client.get(path + '/pending') if 'pending' in p or p.get('delete'))
             res['restart_required'] = bool(res['pending'])

@@ -120,6 +120,18 @@ options:
       deny_write:
         description: Allow reading only.
         type: bool
+  lxc_raw:
+    description:
+      - Raw C(lxc.*) lines in the config file's own form (key, colon, value), exactly these; an empty list removes all.
+        PVE cannot set them through its API, so they are written into the node's
+        C(<pve_root>/nodes/<node>/lxc/<vmid>.conf), and the task must run on a node of the cluster.
+        Needs V(root@pam) with a password, like O(devices).
+    type: list
+    elements: str
+  pve_root:
+    description: The cluster's configuration directory on the node, for O(lxc_raw).
+    type: path
+    default: /etc/pve
   state:
     description:
       - V(present) creates or updates it and leaves its power state alone; V(started) and V(stopped)
@@ -245,6 +257,7 @@ def argument_spec():
     spec['devices'] = dict(type='list', elements='dict', options=dict(
         path=dict(type='str', required=True), mode=dict(type='str'), uid=dict(type='int'), gid=dict(type='int'),
         deny_write=dict(type='bool')))
+    spec['pve_root'] = dict(type='path', default='/etc/pve')
     spec['containers'] = dict(type='list', elements='dict')
     spec['lock_timeout'] = dict(type='int', default=60)
     return spec

@@ -160,3 +160,71 @@ def test_all_problems_are_reported_at_once(tmp_path, control):
     r = site(tmp_path, fleet, '--tags', 'node,containers', gpu_node_driver_bundle=False)
     assert r.rc != 0
     assert '4 problem(s)' in r.stdout
+
+
+def test_raw_passthrough_on_a_pve_older_than_8_1(tmp_path, pve, control, lab):
+    """PVE 8.0 has no devN: the role passes GPUs through as raw lxc lines in the node's config."""
+    pve.made.append(315)
+    control.set_version('8.0.4')
+    try:
+        fleet = [entry(315, 'old-pve', [5])]
+        first = site(tmp_path, fleet)
+        assert first.rc == 0, first.stdout[-3000:]
+        cfg = pve.ct(315).config.get()
+        assert not [k for k in cfg if k.startswith('dev')]
+        assert ['lxc.cgroup2.devices.allow', 'c 195:5 rw'] in cfg['lxc']
+        assert ['lxc.mount.entry', '/dev/nvidia5 nvidia5 none bind,optional,create=file'] not in cfg['lxc']
+        assert ['lxc.mount.entry', '/dev/nvidia5 dev/nvidia5 none bind,optional,create=file'] in cfg['lxc']
+        assert devices_seen(315) == dict(CONTROL, **{'/dev/nvidia5': 'ENXIO'})
+        second = site(tmp_path, fleet)
+        assert second.rc == 0 and all(s['changed'] == 0 for s in second.stats.values()), second.stats
+        forced = site(tmp_path, fleet, '--tags', 'node,containers', gpu_container_passthrough='devn',
+                      gpu_node_driver_bundle=False)
+        assert forced.rc != 0 and 'passthrough devn needs PVE 8.1 or later; the cluster runs 8.0.4' in forced.stdout
+    finally:
+        control.set_version('9.0.10')
+
+
+RUNFILE = '''#!/bin/sh
+# A stand-in for NVIDIA-Linux-x86_64-580.95.05.run: installs the userspace libraries only when told
+# to leave the kernel module alone, as the real installer must be in a container.
+case " $* " in *" --no-kernel-module "*) ;; *) echo "refusing to build a kernel module" >&2; exit 1 ;; esac
+base64 -d > /usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05 <<'LIB'
+{lib}
+LIB
+ln -sf libcuda.so.580.95.05 /usr/lib/x86_64-linux-gnu/libcuda.so.1
+'''
+
+
+def test_runfile_mode_installs_the_matching_userspace(tmp_path, pve):
+    import base64
+    pve.made.append(316)
+    src = tmp_path / 'x.c'
+    src.write_text('int x(void) { return 0; }\n')
+    lib = tmp_path / 'libcuda.so'
+    subprocess.run(['gcc', '-shared', '-fPIC', '-Wl,-soname,libcuda.so.1', '-o', str(lib), str(src)], check=True)
+    runfile = tmp_path / 'NVIDIA-Linux-x86_64-580.95.05.run'
+    runfile.write_text(RUNFILE.replace('{lib}', base64.encodebytes(lib.read_bytes()).decode()))
+    fleet = [entry(316, 'runfile', [6])]
+    first = site(tmp_path, fleet, gpu_container_driver_mode='runfile', gpu_container_driver_runfile=str(runfile))
+    assert first.rc == 0, first.stdout[-3000:]
+    out = subprocess.run(['pct', 'exec', '316', '--', 'sh', '-c', 'ldconfig -p | grep libcuda.so.1'],
+                         capture_output=True, text=True, check=True)
+    assert 'lib/x86_64-linux-gnu/libcuda.so.1' in out.stdout and 'nvidia-driver' not in out.stdout
+    second = site(tmp_path, fleet, gpu_container_driver_mode='runfile', gpu_container_driver_runfile=str(runfile))
+    assert second.rc == 0 and second.stats['runfile']['changed'] == 0
+
+
+def test_gpu_node_remakes_a_missing_uvm_node(tmp_path, lab):
+    uvm = lab.record()['gpus']['uvm_major']
+    os.unlink('/dev/nvidia-uvm-tools')
+    try:
+        r = run_playbook([{'name': 'node', 'hosts': 'pve_nodes', 'gather_facts': False,
+                           'roles': [{'role': 'gpufleet.proxmox.gpu_node', 'gpu_node_driver_bundle': False}]}], tmp_path)
+        assert r.rc == 0, r.stdout[-3000:]
+        st = os.stat('/dev/nvidia-uvm-tools')
+        assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (uvm, 1)
+        assert r.stats['pve1']['changed'] >= 1
+    finally:
+        if not os.path.exists('/dev/nvidia-uvm-tools'):
+            os.mknod('/dev/nvidia-uvm-tools', 0o666 | 0o020000, os.makedev(uvm, 1))

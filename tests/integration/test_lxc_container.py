@@ -1,5 +1,6 @@
 """gpufleet.proxmox.lxc_container, run through Ansible against the lab's PVE API."""
 
+import os
 import threading
 import time
 
@@ -256,3 +257,29 @@ def test_bad_fleet_entry_stops_the_whole_fleet(play, pve, control):
                  'ignore_errors': True}]).task(0)
     assert res.get('failed') and 'vmid 978 is also given by containers[0]' in res['msg']
     assert control.mutating_requests() == []
+
+
+def test_lxc_raw_lines_in_the_nodes_config(play, pve, lab, control):
+    pve.create(980, description='keep me')
+    conf = os.path.join(lab.pve_root, 'nodes', 'pve1', 'lxc', '980.conf')
+    raw = ['lxc.cgroup2.devices.allow: c 195:7 rw', 'lxc.mount.entry = /dev/nvidia7 dev/nvidia7 none bind,optional,create=file']
+    control.clear_requests()
+    check = only(play, ct(980, lxc_raw=raw, pve_root=lab.pve_root), '--check', '--diff')
+    assert check['changed'] and check['diff']['after']['lxc'][0] == 'lxc.cgroup2.devices.allow: c 195:7 rw'
+    assert 'lxc.' not in open(conf).read()
+    res = only(play, ct(980, lxc_raw=raw, pve_root=lab.pve_root))
+    assert res['changed'] and not res.get('failed'), res
+    cfg = pve.ct(980).config.get()
+    assert cfg['lxc'] == [['lxc.cgroup2.devices.allow', 'c 195:7 rw'],
+                          ['lxc.mount.entry', '/dev/nvidia7 dev/nvidia7 none bind,optional,create=file']]
+    assert cfg['description'].rstrip() == 'keep me'
+    assert only(play, ct(980, lxc_raw=raw, pve_root=lab.pve_root))['changed'] is False
+    assert control.mutating_requests() == []  # raw lines are a file on the node, not an API call
+    gone = only(play, ct(980, lxc_raw=[], pve_root=lab.pve_root))
+    assert gone['changed'] and 'lxc' not in pve.ct(980).config.get()
+    away = only(play, ct(980, lxc_raw=raw, pve_root='/nonexistent'))
+    assert away.get('failed') and 'run the task on a node of the cluster' in away['msg']
+    token = only(play, ct(980, lxc_raw=raw, pve_root=lab.pve_root), token=True)
+    assert token.get('failed') and 'root@pam' in token['msg']
+    bad = only(play, ct(980, lxc_raw=['cgroup: nope'], pve_root=lab.pve_root))
+    assert bad.get('failed') and 'lxc_raw[0]' in bad['msg']

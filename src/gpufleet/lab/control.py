@@ -60,3 +60,7 @@ class Control:
 
     def state(self):
         return self.get('/state')
+
+    def set_version(self, version):
+        """Make the API report another PVE version (9.0.10 by default)."""
+        return self.call('POST', '/version', {'version': version})

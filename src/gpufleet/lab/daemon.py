@@ -78,6 +78,14 @@ class LabPve(FakePve):
                 'pending': ct.pending} for ct in sorted(self.cts, key=lambda c: c.vmid)]
         write_json(self.lab.state_file, {'cts': cts, 'tickets': self.tickets}, mode=0o600)
         os.makedirs(self.lab.pve_conf_dir, exist_ok=True)
+        link = os.path.join(self.lab.pve_root, 'lxc')
+        if os.path.isdir(link) and not os.path.islink(link):
+            # A lab made before configs moved under nodes/<node>/lxc: move them there.
+            for name in os.listdir(link):
+                os.replace(os.path.join(link, name), os.path.join(self.lab.pve_conf_dir, name))
+            os.rmdir(link)
+        if not os.path.islink(link):
+            os.symlink(os.path.join('nodes', self.lab.node, 'lxc'), link)
         keep = set()
         for ct in self.cts:
             path = self.lab.pve_conf(ct.vmid)
@@ -186,7 +194,15 @@ class LabPve(FakePve):
         r.add_delete('/fail', self._c_fail_clear)
         r.add_post('/lock', self._c_lock)
         r.add_get('/state', self._c_state)
+        r.add_post('/version', self._c_version)
         return app
+
+    async def _c_version(self, request):
+        """{version}: the PVE version the API reports (an older PVE for tests of the pre-8.1 paths)."""
+        spec = await request.json()
+        self.version = spec['version']
+        self.release_version = '.'.join(spec['version'].split('.')[:2])
+        return web.json_response(True)
 
     async def _c_requests(self, request):
         return web.json_response([list(item[:2]) + [item[2].decode('utf-8', 'replace')

@@ -60,9 +60,14 @@ class Lab:
         return self.path('credentials.json')
 
     @property
+    def pve_root(self):
+        """The node's /etc/pve (the cluster's shared configs)."""
+        return self.path('etc', 'pve')
+
+    @property
     def pve_conf_dir(self):
-        """The node's /etc/pve/lxc: one PVE-format config file per container."""
-        return self.path('etc', 'pve', 'lxc')
+        """/etc/pve/nodes/<node>/lxc: one PVE-format config file per container (/etc/pve/lxc links here)."""
+        return os.path.join(self.pve_root, 'nodes', self.node, 'lxc')
 
     def pve_conf(self, vmid):
         return os.path.join(self.pve_conf_dir, '{0}.conf'.format(vmid))

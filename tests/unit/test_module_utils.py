@@ -1,0 +1,79 @@
+"""Pure logic of the collection's module_utils: comparisons, plans, fleet checks, raw lines."""
+
+import pytest
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _fleet, _lxc, _pveconf
+
+
+@pytest.mark.parametrize('key,wanted,current,equal', [
+    ('dev0', 'path=/dev/nvidia0,mode=666', 'mode=0666,path=/dev/nvidia0', True),
+    ('dev0', 'path=/dev/nvidia0', '/dev/nvidia0', True),
+    ('dev0', 'path=/dev/nvidia0', 'path=/dev/nvidia1', False),
+    ('net0', 'name=eth0,bridge=vmbr0,ip=dhcp', 'bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=dhcp,name=eth0,type=veth', True),
+    ('net0', 'name=eth0,bridge=vmbr0,ip=dhcp,hwaddr=bc:24:11:00:00:02', 'bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=dhcp,name=eth0', False),
+    ('net0', 'name=eth0,bridge=vmbr0', 'name=eth0,bridge=vmbr0,firewall=1', False),
+    ('features', 'nesting=1,keyctl=1', 'keyctl=1,nesting=1', True),
+    ('features', 'nesting=1', 'nesting=1,keyctl=1', False),
+    ('tags', 'b;a', 'a;b', True),
+    ('mp0', 'local-lvm:8,mp=/data', 'local-lvm:vm-101-disk-1,mp=/data,size=8G', True),
+    ('mp0', 'local-lvm:8,mp=/data', 'local-lvm:vm-101-disk-1,mp=/data,size=4G', False),
+    ('cores', 4, '4', True),
+    ('description', 'notes', 'notes\n', True),
+])
+def test_same_compares_what_pve_means(key, wanted, current, equal):
+    assert _lxc.same(key, wanted, current) is equal
+
+
+def test_plan_update_sets_deletes_and_keeps_the_mac():
+    current = {'cores': 1, 'dev0': 'path=/dev/nvidia0', 'dev1': 'path=/dev/nvidia1', 'tags': 'x',
+               'net0': 'name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=dhcp,type=veth', 'memory': 512}
+    values, owned = _lxc.wanted_config({'cores': 2, 'devices': [{'path': '/dev/nvidia0'}], 'tags': [],
+                                        'net': {'net0': 'name=eth0,bridge=vmbr1,ip=dhcp'}})
+    sets, deletes, before, after = _lxc.plan_update(values, owned, current)
+    assert sets['cores'] == 2 and 'hwaddr=BC:24:11:00:00:01' in sets['net0'] and 'bridge=vmbr1' in sets['net0']
+    assert sorted(deletes) == ['dev1', 'tags']
+    assert after['dev1'] is None and before['dev1'] == 'path=/dev/nvidia1'
+    assert 'memory' not in before  # not given: not managed
+
+
+def test_rootfs_grows_never_shrinks():
+    assert _lxc.plan_resize({'rootfs': 'local-lvm:16'}, {'rootfs': 'local-lvm:vm-1-disk-0,size=8G'}) == '16G'
+    assert _lxc.plan_resize({'rootfs': 'local-lvm:8'}, {'rootfs': 'local-lvm:vm-1-disk-0,size=8G'}) is None
+    with pytest.raises(_lxc.SpecError, match='cannot shrink'):
+        _lxc.plan_resize({'rootfs': 'local-lvm:4'}, {'rootfs': 'local-lvm:vm-1-disk-0,size=8G'})
+
+
+def test_fleet_errors_name_container_and_field():
+    nodes = {'gpu01': [0, 1, 2, 3], 'util01': []}
+    fleet = [{'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'gpus': [0, 1]},
+             {'vmid': 201, 'hostname': 'b', 'node': 'gpu01', 'gpus': [1, 4]},
+             {'vmid': 202, 'hostname': 'c', 'node': 'util01', 'gpus': 'all'}]
+    errs = _fleet.errors(fleet, nodes, '9.0.3')
+    assert errs == ['containers[1] (vmid 201).gpus: GPU 1 of node gpu01 is already given to containers[0] '
+                    '(set gpu_container_gpu_sharing: true to share GPUs)',
+                    'containers[1] (vmid 201).gpus: node gpu01 has no GPU 4 (it has [0, 1, 2, 3])']
+    assert _fleet.errors(fleet[:2], nodes, '9.0.3', gpu_sharing=True) == [
+        'containers[1] (vmid 201).gpus: node gpu01 has no GPU 4 (it has [0, 1, 2, 3])']
+    assert 'root@pam' in _fleet.errors(fleet[:1], nodes, '9.0.3', is_root_password=False)[0]
+
+
+def test_fleet_specs_and_raw_lines():
+    fleet = [{'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'gpus': [2], 'rootfs': 32, 'net': 'name=eth0,bridge=vmbr0'}]
+    spec = _fleet.specs(fleet, {'gpu01': [0, 1, 2]}, {'storage': 'local-zfs', 'cores': 4}, 'devn',
+                        {'gpu01': '/opt/gpufleet/driver/580.95.05,mp=/opt/nvidia-driver,ro=1'})[0]
+    assert spec['rootfs'] == 'local-zfs:32' and spec['cores'] == 4 and spec['net'] == {'net0': 'name=eth0,bridge=vmbr0'}
+    assert [d['path'] for d in spec['devices']] == ['/dev/nvidia2'] + list(_fleet.CONTROL_NODES)
+    assert spec['mounts'] == {'mp255': '/opt/gpufleet/driver/580.95.05,mp=/opt/nvidia-driver,ro=1'}
+    raw = _fleet.raw(fleet, {'gpu01': [0, 1, 2]}, {'gpu01': {'nvidia-uvm': 509}})[200]
+    assert 'lxc.cgroup2.devices.allow: c 195:2 rw' in raw and 'lxc.cgroup2.devices.allow: c 509:1 rw' in raw
+    assert 'lxc.mount.entry: /dev/nvidia2 dev/nvidia2 none bind,optional,create=file' in raw
+
+
+def test_raw_lines_replace_only_the_main_sections_lxc_lines():
+    text = ('#notes\narch: amd64\nlxc.apparmor.profile: unconfined\ncores: 2\n\n'
+            '[pve:pending]\nlxc.mount.entry: pending\n\n[snap1]\nlxc.cgroup2.devices.allow: a\n')
+    assert _pveconf.read(text) == [('lxc.apparmor.profile', 'unconfined')]
+    new = _pveconf.replace(text, [('lxc.cgroup2.devices.allow', 'c 195:0 rw')])
+    assert new.startswith('#notes\narch: amd64\ncores: 2\nlxc.cgroup2.devices.allow: c 195:0 rw\n\n[pve:pending]')
+    assert new.endswith('[snap1]\nlxc.cgroup2.devices.allow: a\n')
+    with pytest.raises(_pveconf.RawError, match=r'lxc_raw\[0\]'):
+        _pveconf.normalize(['cores: 2'])
