@@ -35,7 +35,9 @@ options:
     type: str
     required: true
   entries:
-    description: The raw lines, each V(lxc.key: value) (or V(lxc.key = value)); an empty list removes them all.
+    description:
+      - The raw lines, each written as in the config file (key, colon, value) or as V(lxc.key = value).
+      - An empty list removes them all.
     type: list
     elements: str
     required: true
