@@ -283,3 +283,20 @@ def test_lxc_raw_lines_in_the_nodes_config(play, pve, lab, control):
     assert token.get('failed') and 'root@pam' in token['msg']
     bad = only(play, ct(980, lxc_raw=['cgroup: nope'], pve_root=lab.pve_root))
     assert bad.get('failed') and 'lxc_raw[0]' in bad['msg']
+
+
+def test_connection_from_proxmox_environment_variables(lab, pve, tmp_path, creds):
+    """With no connection options, the PROXMOX_* environment variables are used (community.proxmox's names)."""
+    from conftest import run_playbook
+    pve.create(981, cores=1)
+    env = {'PROXMOX_HOST': creds['api_host'], 'PROXMOX_PORT': str(creds['api_port']), 'PROXMOX_USER': 'root@pam',
+           'PROXMOX_PASSWORD': creds['api_password'], 'PROXMOX_CA_PATH': creds['ca_path']}
+    r = run_playbook([{'name': 'env', 'hosts': 'localhost', 'gather_facts': False,
+                       'tasks': [{'gpufleet.proxmox.lxc_container': {'vmid': 981, 'cores': 2}}]}], tmp_path, env=env)
+    assert r.rc == 0, r.stdout[-2000:]
+    assert r.task(0)['changed'] and pve.ct(981).config.get()['cores'] == 2
+    # certificate verification stays on: without the CA the login is refused, and says why
+    env.pop('PROXMOX_CA_PATH')
+    r = run_playbook([{'name': 'env', 'hosts': 'localhost', 'gather_facts': False,
+                       'tasks': [{'gpufleet.proxmox.lxc_container': {'vmid': 981, 'cores': 2}}]}], tmp_path, env=env)
+    assert r.rc != 0 and 'CERTIFICATE_VERIFY_FAILED' in r.task(0)['msg']
