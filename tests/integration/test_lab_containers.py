@@ -154,3 +154,4 @@ def test_api_state_survives_a_daemon_restart(lab, pve, control):
     manager.up(lab, say=lambda m: None)
     assert agree(control, 948) == ('running', 'running')
     assert pve.ct(948).config.get()['cores'] == 2
+

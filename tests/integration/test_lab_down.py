@@ -11,6 +11,20 @@ from gpufleet.lab import manager
 pytestmark = [pytest.mark.lab, pytest.mark.last]
 
 
+def test_reset_empties_the_lab_and_keeps_it_up(lab, pve, control, creds):
+    from conftest import _api
+    pve.create(952)
+    pve.start(952)
+    pve.made.clear()
+    manager.reset(lab, say=lambda m: None)
+    st = manager.status(lab)
+    assert st['api_running'] and st['sshd_running'] and st['containers'] == []
+    assert control.state() == []
+    fresh = _api(creds, user='root@pam', password=creds['api_password'])  # a reset forgets the old sessions
+    assert 952 not in [g['vmid'] for g in fresh.cluster.resources.get(type='vm')]
+    assert not os.path.exists(lab.ct_dir(952)) and not os.path.exists(lab.pve_conf(952))
+
+
 def running(pid):
     """True while the process exists and is not a zombie waiting for init to reap it."""
     try:
