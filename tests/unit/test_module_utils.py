@@ -77,3 +77,14 @@ def test_raw_lines_replace_only_the_main_sections_lxc_lines():
     assert new.endswith('[snap1]\nlxc.cgroup2.devices.allow: a\n')
     with pytest.raises(_pveconf.RawError, match=r'lxc_raw\[0\]'):
         _pveconf.normalize(['cores: 2'])
+
+
+def test_elf_reads_a_system_library():
+    import glob
+    from ansible_collections.gpufleet.proxmox.plugins.module_utils import _elf
+    path = sorted(glob.glob('/lib/x86_64-linux-gnu/libz.so.1*') + glob.glob('/usr/lib/x86_64-linux-gnu/libz.so.1*'))[0]
+    info = _elf.read(path)
+    assert info.soname == 'libz.so.1' and 'libc.so.6' in info.needed and info.bits == 64
+    assert _elf.Resolver().find('libc.so.6', info)
+    assert _elf.Resolver(system_dirs=[]).find('libc.so.6', info) is None
+    assert _elf.read(__file__) is None

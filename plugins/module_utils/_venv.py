@@ -1,0 +1,225 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Audit a Python venv in one pass: RECORD integrity, file collisions, ELF closure, drift against a lock,
+and the commands that repair all of it (standard library only: it runs with the target's system Python).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import base64
+import csv
+import glob
+import hashlib
+import io
+import os
+import re
+
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _elf
+
+# Installers' own packages: never drift, never removed.
+TOOLING = ('pip', 'setuptools', 'wheel', 'uv')
+
+
+def canon(name):
+    return re.sub(r'[-_.]+', '-', name).lower()
+
+
+def site_packages(venv):
+    found = sorted(glob.glob(os.path.join(venv, 'lib', 'python3*', 'site-packages')))
+    if not found:
+        raise ValueError('{0} is not a venv: no lib/python3*/site-packages'.format(venv))
+    return found[0]
+
+
+def _metadata(dist_info):
+    name = version = None
+    try:
+        with io.open(os.path.join(dist_info, 'METADATA'), encoding='utf-8', errors='replace') as fh:
+            for line in fh:
+                if not line.strip():
+                    break
+                if line.startswith('Name:'):
+                    name = line.split(':', 1)[1].strip()
+                elif line.startswith('Version:'):
+                    version = line.split(':', 1)[1].strip()
+    except (IOError, OSError):
+        pass
+    return name, version
+
+
+def distributions(site):
+    """[{name, version, dist_info, files: [(abs path, rel path, hash or None, size or None)]}]."""
+    out = []
+    for dist_info in sorted(glob.glob(os.path.join(site, '*.dist-info'))):
+        name, version = _metadata(dist_info)
+        if not name:
+            base = os.path.basename(dist_info)[:-len('.dist-info')]
+            name, _sep, version = base.partition('-')
+        files = []
+        try:
+            with io.open(os.path.join(dist_info, 'RECORD'), encoding='utf-8', errors='replace') as fh:
+                for row in csv.reader(fh):
+                    if not row or not row[0]:
+                        continue
+                    rel = row[0]
+                    path = os.path.normpath(os.path.join(site, rel))
+                    digest = row[1] if len(row) > 1 and row[1] else None
+                    size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
+                    files.append((path, rel, digest, size))
+        except (IOError, OSError):
+            pass
+        out.append({'name': name, 'key': canon(name), 'version': version, 'dist_info': dist_info, 'files': files})
+    return out
+
+
+def file_digest(path):
+    h = hashlib.sha256()
+    with open(path, 'rb') as fh:
+        for block in iter(lambda: fh.read(1 << 20), b''):
+            h.update(block)
+    return 'sha256=' + base64.urlsafe_b64encode(h.digest()).rstrip(b'=').decode()
+
+
+def read_lock(path):
+    """{canonical name: (name, version)} of a pinned requirements/lock file (hashes and options ignored)."""
+    out = {}
+    with io.open(path, encoding='utf-8') as fh:
+        text = fh.read().replace('\\\n', ' ')
+    for line in text.splitlines():
+        line = line.split('#', 1)[0].strip()
+        m = re.match(r'^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*===?\s*([^\s;]+)', line)
+        if m:
+            out[canon(m.group(1))] = (m.group(1), m.group(2))
+    return out
+
+
+def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrides=(), uv='uv'):
+    site = site_packages(venv)
+    dists = distributions(site)
+    by_key = dict((d['key'], d) for d in dists)
+    overrides = set(canon(o) for o in overrides)
+    # -- integrity ------------------------------------------------------------------
+    broken = []
+    owners = {}
+    for d in dists:
+        missing, modified = [], []
+        for path, rel, digest, size in d['files']:
+            owners.setdefault(path, []).append(d)
+            if digest is None:
+                continue  # RECORD itself, .pyc files
+            if not os.path.lexists(path):
+                missing.append(rel)
+            elif size is not None and os.path.getsize(path) != size:
+                modified.append(rel)
+            elif mode == 'full' and file_digest(path) != digest:
+                modified.append(rel)
+        if missing or modified:
+            broken.append({'name': d['name'], 'version': d['version'], 'missing': missing, 'modified': modified})
+    # -- collisions ------------------------------------------------------------------
+    collisions, declared = [], []
+    for path, claimants in sorted(owners.items()):
+        names = sorted(set(c['name'] for c in claimants))
+        if len(names) < 2 or not os.path.isfile(path):
+            if len(names) >= 2:
+                collisions.append({'path': os.path.relpath(path, site), 'claimed_by': names, 'on_disk': None})
+            continue
+        disk = file_digest(path)
+        on_disk = sorted(set(c['name'] for c in claimants for p, _r, dg, _s in c['files'] if p == path and dg == disk))
+        item = {'path': os.path.relpath(path, site), 'claimed_by': names, 'on_disk': on_disk[0] if on_disk else None}
+        if item['on_disk'] and canon(item['on_disk']) in overrides:
+            declared.append(item)
+        else:
+            collisions.append(item)
+    # A file whose bytes are a declared override's is intended, not a broken distribution.
+    intended = set(item['path'] for item in declared)
+    for b in broken:
+        b['modified'] = [rel for rel in b['modified']
+                         if os.path.relpath(os.path.normpath(os.path.join(site, rel)), site) not in intended]
+    broken = [b for b in broken if b['missing'] or b['modified']]
+    # -- ELF closure -------------------------------------------------------------------
+    nvidia_dirs = sorted(glob.glob(os.path.join(site, 'nvidia', '*', 'lib')))
+    resolver = _elf.Resolver(extra_dirs=nvidia_dirs)
+    providers = {}
+    for d in dists:
+        for path, rel, digest, size in d['files']:
+            providers.setdefault(os.path.basename(path), set()).add(d['name'])
+    unresolved = {}
+    for root, _dirs, names in os.walk(site):
+        for name in names:
+            if not (name.endswith('.so') or '.so.' in name):
+                continue
+            path = os.path.join(root, name)
+            if os.path.islink(path):
+                continue
+            info = _elf.read(path)
+            if info is None:
+                continue
+            for needed in info.needed:
+                if resolver.find(needed, info) is None:
+                    entry = unresolved.setdefault(needed, {'soname': needed, 'needed_by': [],
+                                                           'provided_by': sorted(providers.get(needed, ()))})
+                    entry['needed_by'].append(os.path.relpath(path, site))
+    unresolved = [dict(v, needed_by=sorted(v['needed_by'])) for k, v in sorted(unresolved.items())]
+    # -- drift against the lock ----------------------------------------------------------
+    drift = {'missing': [], 'extra': [], 'wrong_version': []}
+    locked = read_lock(lock) if lock else {}
+    if lock:
+        for key, (name, version) in sorted(locked.items()):
+            have = by_key.get(key)
+            if have is None:
+                drift['missing'].append({'name': name, 'version': version})
+            elif have['version'] != version:
+                drift['wrong_version'].append({'name': name, 'installed': have['version'], 'locked': version})
+        for d in dists:
+            if d['key'] not in locked and d['key'] not in TOOLING:
+                drift['extra'].append({'name': d['name'], 'version': d['version']})
+    for u in unresolved:
+        u['in_lock'] = sorted(locked[canon(p)][0] for p in u['provided_by'] if canon(p) in locked)
+    plan = repair_plan(venv, dists, broken, drift, locked, owners, installer, list(install_args), overrides, uv)
+    healthy = not (broken or collisions or unresolved or any(drift.values()))
+    return {'healthy': healthy, 'site_packages': site, 'distributions': len(dists),
+            'findings': {'broken_distributions': broken, 'collisions': collisions,
+                         'unresolved_libraries': unresolved, 'drift': drift},
+            'overrides': declared, 'plan': plan}
+
+
+def repair_plan(venv, dists, broken, drift, locked, owners, installer, install_args, overrides, uv):
+    """argv lists, in a safe order: removals first, then everything their removal would break, broken and
+    missing distributions reinstalled (declared overrides last, so their bytes end on disk)."""
+    python = os.path.join(venv, 'bin', 'python')
+    by_key = dict((d['key'], d) for d in dists)
+    extra = set(canon(e['name']) for e in drift['extra'])
+    reinstall = set(canon(b['name']) for b in broken if canon(b['name']) not in extra)
+    for key in extra:
+        # Removing it deletes every file of its RECORD: whoever else claims one of them needs a reinstall.
+        for path, _rel, _dg, _sz in by_key[key]['files']:
+            for other in owners.get(path, []):
+                if other['key'] not in extra:
+                    reinstall.add(other['key'])
+    install = dict((canon(m['name']), '{0}=={1}'.format(m['name'], m['version'])) for m in drift['missing'])
+    install.update((canon(w['name']), '{0}=={1}'.format(w['name'], w['locked'])) for w in drift['wrong_version'])
+
+    def pin(key):
+        if key in locked:
+            return '{0}=={1}'.format(*locked[key])
+        return '{0}=={1}'.format(by_key[key]['name'], by_key[key]['version'])
+    plan = []
+    if extra:
+        names = sorted(by_key[k]['name'] for k in extra)
+        plan.append([uv, 'pip', 'uninstall', '--python', python] + names if installer == 'uv'
+                    else [python, '-m', 'pip', 'uninstall', '-y'] + names)
+    ordered = sorted(reinstall, key=lambda k: (k in overrides, k))
+    for key in ordered:
+        if installer == 'uv':
+            plan.append([uv, 'pip', 'install', '--python', python, '--no-deps', '--reinstall-package',
+                         by_key[key]['name'], pin(key)] + install_args)
+        else:
+            plan.append([python, '-m', 'pip', 'install', '--force-reinstall', '--no-deps', pin(key)] + install_args)
+    if install:
+        specs = [install[k] for k in sorted(install)]
+        plan.append([uv, 'pip', 'install', '--python', python, '--no-deps'] + specs + install_args if installer == 'uv'
+                    else [python, '-m', 'pip', 'install', '--no-deps'] + specs + install_args)
+    return plan

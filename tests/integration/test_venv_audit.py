@@ -1,0 +1,161 @@
+"""venv_audit on real venvs, with real pip and uv and real ELF files: the incident at small scale.
+
+Two flavours of a runtime ("cu12" and "cu13") install the same nvidia/fakert/lib/lib{a,b,c}.so.1; an
+extension needs all three through an $ORIGIN RPATH, as torch's libraries do.
+"""
+
+import base64
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+LIBS = ('libfakea.so.1', 'libfakeb.so.1', 'libfakec.so.1')
+LIBDIR = 'nvidia/fakert/lib'
+
+
+def gcc(out, source, *args):
+    src = out + '.c'
+    with open(src, 'w') as fh:
+        fh.write(source)
+    subprocess.run(['gcc', '-shared', '-fPIC', '-o', out, src] + list(args), check=True)
+    os.unlink(src)
+    with open(out, 'rb') as fh:
+        return fh.read()
+
+
+def wheel(where, dist, version, files):
+    """A real wheel: files {relpath: bytes} plus its dist-info with a RECORD of sha256 and sizes."""
+    info = '{0}-{1}.dist-info'.format(dist.replace('-', '_'), version)
+    files = dict(files)
+    files[info + '/METADATA'] = 'Metadata-Version: 2.1\nName: {0}\nVersion: {1}\n'.format(dist, version).encode()
+    files[info + '/WHEEL'] = b'Wheel-Version: 1.0\nGenerator: gpufleet-tests\nRoot-Is-Purelib: false\nTag: py3-none-any\n'
+    record = []
+    for rel, data in sorted(files.items()):
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()
+        record.append('{0},sha256={1},{2}'.format(rel, digest, len(data)))
+    record.append(info + '/RECORD,,')
+    files[info + '/RECORD'] = ('\n'.join(record) + '\n').encode()
+    path = os.path.join(where, '{0}-{1}-py3-none-any.whl'.format(dist.replace('-', '_'), version))
+    with zipfile.ZipFile(path, 'w') as zf:
+        for rel, data in sorted(files.items()):
+            zf.writestr(rel, data)
+    return path
+
+
+@pytest.fixture(scope='module')
+def wheels(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp('wheels'))
+    build = str(tmp_path_factory.mktemp('build'))
+    flavours = {}
+    for flavour in ('cu12', 'cu13'):
+        flavours[flavour] = dict(('{0}/{1}'.format(LIBDIR, lib), gcc(os.path.join(build, flavour + lib), (
+            'const char *flavour_{0}(void) {{ return "{1}"; }}\n').format(lib[7], flavour), '-Wl,-soname,' + lib))
+            for lib in LIBS)
+        wheel(d, 'fake-rt-' + flavour, '1.0', flavours[flavour])
+    libs = [os.path.join(build, 'cu12' + lib) for lib in LIBS]
+    for lib, path in zip(LIBS, libs):
+        os.rename(path, os.path.join(build, lib))
+    ext = gcc(os.path.join(build, '_C.so'), 'extern const char *flavour_a(void);\nextern const char *flavour_b(void);\n'
+              'extern const char *flavour_c(void);\nconst char *probe(void) { flavour_b(); flavour_c(); return flavour_a(); }\n',
+              *([os.path.join(build, lib) for lib in LIBS] + ['-Wl,--disable-new-dtags', "-Wl,-rpath,$ORIGIN/../" + LIBDIR]))
+    init = (b'import ctypes, os\n_C = ctypes.CDLL(os.path.join(os.path.dirname(__file__), "_C.so"))\n'
+            b'_C.probe.restype = ctypes.c_char_p\nFLAVOUR = _C.probe().decode()\n')
+    wheel(d, 'fake-torch', '1.0', {'fake_torch/__init__.py': init, 'fake_torch/_C.so': ext})
+    wheel(d, 'fake-contaminant', '2.0', {'{0}/libfakea.so.1'.format(LIBDIR): flavours['cu12'][LIBDIR + '/libfakea.so.1'] + b'\0junk',
+                                         'fake_contaminant/__init__.py': b''})
+    return d
+
+
+def make_venv(tmp_path, wheels, *steps):
+    venv = str(tmp_path / 'venv')
+    subprocess.run([sys.executable, '-m', 'venv', venv], check=True)
+    for step in steps:
+        pip(venv, *step, wheels=wheels)
+    return venv
+
+
+def pip(venv, *args, wheels):
+    argv = [os.path.join(venv, 'bin', 'python'), '-m', 'pip', '--disable-pip-version-check'] + list(args)
+    if args[0] == 'install':
+        argv += ['--no-index', '--find-links', wheels]
+    subprocess.run(argv, check=True, capture_output=True)
+
+
+def imports(venv):
+    return subprocess.run([os.path.join(venv, 'bin', 'python'), '-c', 'import fake_torch; print(fake_torch.FLAVOUR)'],
+                          capture_output=True, text=True)
+
+
+def audit(play, venv, **options):
+    options['venv'] = venv
+    r = play([{'gpufleet.proxmox.venv_audit': options}])
+    res = r.task(0)
+    assert not res.get('failed'), res
+    assert res['changed'] is False
+    return res
+
+
+def run_plan(plan):
+    for argv in plan:
+        subprocess.run(argv, check=True, capture_output=True)
+
+
+def test_the_incident_every_missing_library_named_at_once_and_repaired(play, tmp_path, wheels):
+    venv = make_venv(tmp_path, wheels, ('install', 'fake-rt-cu12'), ('install', 'fake-rt-cu13'), ('install', 'fake-torch'))
+    assert imports(venv).stdout.strip() == 'cu13'  # the cu13 bytes are the ones on disk
+    healthy = audit(play, venv, overrides=['fake-rt-cu13'])
+    assert healthy['healthy'] and len(healthy['overrides']) == 3
+    assert {o['on_disk'] for o in healthy['overrides']} == {'fake-rt-cu13'}
+    # The "cleaning": uninstalling the cu13 set deletes the shared files.
+    pip(venv, 'uninstall', '-y', 'fake-rt-cu13', wheels=wheels)
+    broken = imports(venv)
+    assert broken.returncode != 0 and 'libfakea.so.1' in broken.stderr  # the loader names only the first
+    res = audit(play, venv, installer='pip', install_args=['--no-index', '--find-links', wheels])
+    assert res['healthy'] is False
+    unresolved = res['findings']['unresolved_libraries']
+    assert [u['soname'] for u in unresolved] == list(LIBS)  # three missing -> three named
+    assert all(u['needed_by'] == ['fake_torch/_C.so'] and u['provided_by'] == ['fake-rt-cu12'] for u in unresolved)
+    (dist,) = res['findings']['broken_distributions']
+    assert dist['name'] == 'fake-rt-cu12' and sorted(dist['missing']) == sorted(LIBDIR + '/' + lib for lib in LIBS)
+    python = os.path.join(venv, 'bin', 'python')
+    assert res['plan'] == [[python, '-m', 'pip', 'install', '--force-reinstall', '--no-deps', 'fake-rt-cu12==1.0',
+                            '--no-index', '--find-links', wheels]]
+    run_plan(res['plan'])
+    assert imports(venv).stdout.strip() == 'cu12'
+    assert audit(play, venv)['healthy']
+
+
+def test_drift_against_a_lock_and_a_contaminant_removed_without_breaking_the_import(play, tmp_path, wheels):
+    uv = os.path.join(os.path.dirname(sys.executable), 'uv')
+    venv = make_venv(tmp_path, wheels, ('install', 'fake-rt-cu12'), ('install', 'fake-torch'),
+                     ('install', 'fake-contaminant'))
+    lock = tmp_path / 'lock.txt'
+    lock.write_text('fake-rt-cu12==1.0 \\\n    --hash=sha256:00\nfake-rt-cu13==1.0\nfake-torch==1.0\n')
+    res = audit(play, venv, lock=str(lock), installer='uv', uv=uv, mode='full', overrides=['fake-rt-cu13'],
+                install_args=['--offline', '--no-index', '--find-links', wheels])
+    drift = res['findings']['drift']
+    assert drift['extra'] == [{'name': 'fake-contaminant', 'version': '2.0'}]
+    assert drift['missing'] == [{'name': 'fake-rt-cu13', 'version': '1.0'}]
+    assert [c['path'] for c in res['findings']['collisions']] == [LIBDIR + '/libfakea.so.1']
+    assert res['findings']['collisions'][0]['on_disk'] == 'fake-contaminant'
+    python = os.path.join(venv, 'bin', 'python')
+    # the removal comes first, with the reinstall of what it would delete, then the missing install
+    assert res['plan'][0] == [uv, 'pip', 'uninstall', '--python', python, 'fake-contaminant']
+    assert res['plan'][1][:7] == [uv, 'pip', 'install', '--python', python, '--no-deps', '--reinstall-package']
+    assert res['plan'][1][7:9] == ['fake-rt-cu12', 'fake-rt-cu12==1.0']
+    assert res['plan'][2][6] == 'fake-rt-cu13==1.0'
+    run_plan(res['plan'])
+    assert imports(venv).stdout.strip() == 'cu13'
+    after = audit(play, venv, lock=str(lock), overrides=['fake-rt-cu13'], mode='full')
+    assert after['healthy'], after['findings']
+
+
+def test_fail_on_findings_and_not_a_venv(play, tmp_path):
+    r = play([{'gpufleet.proxmox.venv_audit': {'venv': str(tmp_path)}, 'ignore_errors': True}]).task(0)
+    assert r.get('failed') and 'is not a venv' in r['msg']
