@@ -54,7 +54,6 @@ CONTAINER_SPEC = dict(
 DEFAULTS = dict(unprivileged=True, state='present', restart_on_pending=False, force=False, purge=False,
                 pve_root='/etc/pve')
 DEVICE_KEYS = ('path', 'mode', 'uid', 'gid', 'deny_write')
-CREATE_ONLY = ('ostemplate', 'storage', 'ssh_public_keys')
 # Keys PVE fills in on its own inside a netN value: not a difference unless asked for.
 NET_GENERATED = ('hwaddr', 'type')
 DEFAULT_KEY = {'net': 'name', 'mp': 'volume', 'dev': 'path', 'rootfs': 'volume', 'unused': 'volume'}

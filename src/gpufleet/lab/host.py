@@ -8,7 +8,6 @@ link) is written down in the lab's host record, and `down` undoes exactly that.
 import datetime
 import glob
 import ipaddress
-import json
 import os
 import secrets
 import shutil
@@ -593,7 +592,3 @@ def _kill(pidfile, timeout=15):
             os.kill(pid, signal.SIGKILL)
     if os.path.exists(pidfile):
         os.unlink(pidfile)
-
-
-def dumps(data):
-    return json.dumps(data, indent=2, sort_keys=True)

@@ -17,8 +17,6 @@ from .layout import UNPRIV_BASE, UNPRIV_RANGE
 BASE_DEVICE_RULES = ('c *:* m', 'b *:* m', 'c 1:3 rwm', 'c 1:5 rwm', 'c 1:7 rwm', 'c 1:8 rwm', 'c 1:9 rwm',
                      'c 5:0 rwm', 'c 5:1 rwm', 'c 5:2 rwm', 'c 136:* rwm', 'c 10:229 rwm')
 
-DEFAULT_KEYS = {'net': 'name', 'dev': 'path', 'mp': 'volume', 'rootfs': 'volume'}
-
 
 class ConfigError(Exception):
     """The PVE config cannot be made into a container on this node."""
