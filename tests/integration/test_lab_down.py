@@ -58,3 +58,36 @@ def test_down_leaves_nothing_then_up_restores(lab, pve):
     manager.up(lab, say=lambda m: None)
     assert time.monotonic() - started < 30
     assert manager.status(lab)['containers'] == []
+
+
+def test_up_without_root_says_so_and_changes_nothing():
+    """As nobody (a forked child that drops root), `up` names what is missing and makes nothing."""
+    import pathlib
+    import pwd
+    import shutil
+    import tempfile
+    from gpufleet.lab.host import LabError
+    from gpufleet.lab.layout import Lab
+    work = pathlib.Path(tempfile.mkdtemp(prefix='labroot', dir='/tmp'))
+    os.chmod(str(work), 0o777)  # nobody could make the lab's directories here: nothing must be made
+    root, cache, report = work / 'lab', work / 'cache', work / 'report'
+    nobody = pwd.getpwnam('nobody')
+    pid = os.fork()
+    if pid == 0:
+        code = 2
+        try:
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            manager.up(Lab(root=str(root), cache=str(cache)), say=lambda m: None)
+        except LabError as e:
+            with open(str(report), 'w') as fh:
+                fh.write(str(e))
+            code = 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 1
+    text = report.read_text()
+    assert 'the lab cannot run on this host' in text and 'the lab needs root' in text
+    assert not root.exists() and not cache.exists()
+    shutil.rmtree(str(work))
