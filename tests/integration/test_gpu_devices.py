@@ -78,3 +78,23 @@ def test_gpu_without_a_node(play, tmp_path, lab):
     facts = discover(play, dev_dir=dev, proc_root=proc)
     assert codes(facts) == ['gpu_nodes_missing']
     assert '[1, 2, 3, 4, 5, 6, 7]' in facts['findings'][0]['msg']
+
+
+def test_driver_bundle(play, lab, tmp_path):
+    dest = str(tmp_path / 'bundle')
+    args = {'version': '580.95.05', 'dest': dest, 'lib_dirs': ['{{ gpufleet_lab_dir }}/driver/lib'],
+            'bin_dirs': ['{{ gpufleet_lab_dir }}/driver/bin'],
+            'libs': {'libcuda': 'libcuda.so.1', 'libnvidia-ml': 'libnvidia-ml.so.1', 'libnvidia-nvvm': 'libnvidia-nvvm.so.4'}}
+
+    def run(*flags, **over):
+        r = play([{'gpufleet.proxmox.driver_bundle': dict(args, **over), 'ignore_errors': True}], *flags, hosts='pve1')
+        return r.task(0, 'pve1')
+    check = run('--check')
+    assert check['changed'] and not os.path.exists(dest)
+    first = run()
+    assert first['changed'] and first['files'] == ['bin/nvidia-smi', 'lib/libcuda.so.580.95.05',
+                                                   'lib/libnvidia-ml.so.580.95.05']
+    assert os.readlink(os.path.join(dest, '580.95.05', 'lib', 'libcuda.so.1')) == 'libcuda.so.580.95.05'
+    assert run()['changed'] is False
+    other = run(version='570.172.08')
+    assert other.get('failed') and 'no libcuda.so.570.172.08' in other['msg']
