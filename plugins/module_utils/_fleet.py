@@ -124,14 +124,12 @@ def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, pas
     return out
 
 
-def devices_for(entry, node_gpus, passthrough):
-    """The devN entries (dicts for lxc_container) of a container: its GPUs, then the control nodes."""
+def gpu_nodes(entry, node_gpus):
+    """The device nodes a container's GPUs need: its /dev/nvidiaN, then the control nodes (none without GPUs)."""
     gpus = gpu_list(entry, node_gpus)
-    devs = [{'path': '/dev/nvidia{0}'.format(g)} for g in gpus]
-    if gpus:
-        devs += [{'path': p} for p in CONTROL_NODES]
-    devs += list(entry.get('devices') or [])
-    return devs
+    if not gpus:
+        return []
+    return [{'path': '/dev/nvidia{0}'.format(g)} for g in gpus] + [{'path': p} for p in CONTROL_NODES]
 
 
 def raw_lines(devices, majors):
@@ -186,8 +184,8 @@ def specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None):
         if mounts or entry.get('mounts') is not None:
             spec['mounts'] = mounts
         # With raw passthrough the GPUs go in as lxc.* lines (raw()), not as devN.
-        spec['devices'] = devices_for(entry, nodes.get(node), passthrough) if passthrough != 'raw' else list(
-            entry.get('devices') or [])
+        extra = list(entry.get('devices') or [])
+        spec['devices'] = extra if passthrough == 'raw' else gpu_nodes(entry, nodes.get(node)) + extra
         out.append(spec)
     return out
 
@@ -197,9 +195,8 @@ def raw(fleet, nodes, majors):
     out = {}
     for entry in fleet:
         node = entry['node']
-        gpus = gpu_list(entry, nodes.get(node))
-        if gpus:
-            devs = [{'path': '/dev/nvidia{0}'.format(g)} for g in gpus] + [{'path': p} for p in CONTROL_NODES]
+        devs = gpu_nodes(entry, nodes.get(node))
+        if devs:
             out[entry['vmid']] = raw_lines(devs, (majors or {}).get(node) or {})
     return out
 
