@@ -83,17 +83,46 @@ def file_digest(path):
     return 'sha256=' + base64.urlsafe_b64encode(h.digest()).rstrip(b'=').decode()
 
 
+REQUIREMENT = re.compile(r'^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*(===?)\s*([^\s;\\]+)')
+
+
+def parse_lock(text):
+    """A requirements/lock file as (options, requirements): options are its '--flag' lines; each requirement is
+    {key, name, version, hashes, line, text} with text its whole entry (continuations joined, comments dropped).
+    Lines that are neither are requirements without an exact pin: {key: None, name: None, line, text}."""
+    options, reqs = [], []
+    entry, start = [], 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split(' #', 1)[0].rstrip() if not raw.lstrip().startswith('#') else ''
+        if not entry:
+            start = number
+        if not line.strip() and not entry:
+            continue
+        entry.append(line.strip().rstrip('\\').strip())
+        if line.endswith('\\'):
+            continue
+        joined = ' '.join(p for p in entry if p)
+        entry = []
+        if not joined:
+            continue
+        if joined.startswith('-'):
+            options.append(joined)
+            continue
+        m = REQUIREMENT.match(joined)
+        hashes = re.findall(r'--hash[= ](\S+)', joined)
+        if m:
+            reqs.append({'key': canon(m.group(1)), 'name': m.group(1), 'version': m.group(3), 'hashes': hashes,
+                         'line': start, 'text': joined})
+        else:
+            reqs.append({'key': None, 'name': None, 'hashes': hashes, 'line': start, 'text': joined})
+    return options, reqs
+
+
 def read_lock(path):
     """{canonical name: (name, version)} of a pinned requirements/lock file (hashes and options ignored)."""
-    out = {}
     with io.open(path, encoding='utf-8') as fh:
-        text = fh.read().replace('\\\n', ' ')
-    for line in text.splitlines():
-        line = line.split('#', 1)[0].strip()
-        m = re.match(r'^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*===?\s*([^\s;]+)', line)
-        if m:
-            out[canon(m.group(1))] = (m.group(1), m.group(2))
-    return out
+        _options, reqs = parse_lock(fh.read())
+    return dict((r['key'], (r['name'], r['version'])) for r in reqs if r['key'])
 
 
 def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrides=(), uv='uv'):

@@ -1,0 +1,280 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Content-addressed venvs: build one per (lock, overrides, Python) beside the active one, check it, then
+switch a stable symlink to it atomically, keeping the previous ones for rollback.
+
+    <root>/<id>/                 a venv; <id> = sha256 of the lock, the overrides and the Python version
+    <root>/<id>/gpufleet-venv.json   written last: a venv without it is an unfinished build
+    <root>/history.json          the ids in the order they were made active, newest last
+    <link> -> <root>/<id>        the stable path jobs use (/root/venv)
+
+Standard library only: it runs with the target's system Python.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import fcntl
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv
+
+MARKER = 'gpufleet-venv.json'
+ID = re.compile(r'^[0-9a-f]{16}$')
+
+
+class BuildError(Exception):
+    """A build or check failed; the active venv was not touched."""
+
+    def __init__(self, msg, **details):
+        Exception.__init__(self, msg)
+        self.details = details
+
+
+# -- the lock -----------------------------------------------------------------------------
+def phases(lock_text, overrides):
+    """The lock split into the two installs, in order: everything else, then the declared overrides (so their
+    bytes are the ones left at the paths they share). Raises ValueError naming every line that is not
+    pinned with == and hashed, and every override the lock lacks."""
+    options, reqs = _venv.parse_lock(lock_text)
+    problems = []
+    for r in reqs:
+        if r['key'] is None:
+            problems.append('line {0}: {1!r} is not pinned with =='.format(r['line'], r['text']))
+        elif not r['hashes']:
+            problems.append('line {0}: {1}=={2} has no --hash'.format(r['line'], r['name'], r['version']))
+    if not reqs:
+        problems.append('it names no package')
+    keys = set(r['key'] for r in reqs)
+    wanted = [_venv.canon(o) for o in overrides]
+    for name, key in zip(overrides, wanted):
+        if key not in keys:
+            problems.append('overrides: {0} is not in the lock'.format(name))
+    if problems:
+        raise ValueError('the lock is not a full hash-locked pin set: ' + '; '.join(problems))
+    head = ''.join(o + '\n' for o in options)
+    first = head + ''.join(r['text'] + '\n' for r in reqs if r['key'] not in wanted)
+    second = head + ''.join(r['text'] + '\n' for r in reqs if r['key'] in wanted)
+    return [first] + ([second] if wanted else [])
+
+
+def python_version(python):
+    out = subprocess.run([python, '-c', 'import platform, sys; print(sys.implementation.name, '
+                          'platform.python_version(), platform.machine())'],
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise ValueError('python {0} does not run: {1}'.format(python, (out.stderr or out.stdout).strip()))
+    return out.stdout.strip()
+
+
+def venv_id(lock_text, overrides, python):
+    h = hashlib.sha256()
+    for part in (lock_text, '\n'.join(_venv.canon(o) for o in overrides), python):
+        h.update(part.encode('utf-8') + b'\0')
+    return h.hexdigest()[:16]
+
+
+# -- the venvs on disk ---------------------------------------------------------------------------
+def read_marker(path):
+    try:
+        with io.open(os.path.join(path, MARKER), encoding='utf-8') as fh:
+            return json.load(fh)
+    except (IOError, OSError, ValueError):
+        return None
+
+
+def complete(root, vid):
+    return read_marker(os.path.join(root, vid)) is not None
+
+
+def active(root, link):
+    """The id the link points at (None when it is missing or points outside root)."""
+    if not os.path.islink(link):
+        return None
+    target = os.path.realpath(link)
+    if os.path.dirname(target) != os.path.realpath(root):
+        return None
+    return os.path.basename(target)
+
+
+def read_history(root):
+    try:
+        with io.open(os.path.join(root, 'history.json'), encoding='utf-8') as fh:
+            return [h for h in json.load(fh) if isinstance(h, str)]
+    except (IOError, OSError, ValueError):
+        return []
+
+
+def write_json(path, data):
+    tmp = '{0}.tmp{1}'.format(path, os.getpid())
+    with io.open(tmp, 'w', encoding='utf-8') as fh:
+        fh.write(json.dumps(data, indent=2, sort_keys=True) + '\n')
+    os.rename(tmp, path)
+
+
+def switch(link, target):
+    """Point link at target in one rename: a job starting at any moment sees the old venv or the new one."""
+    tmp = '{0}.gpufleet-{1}'.format(link, os.getpid())
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    os.rename(tmp, link)
+
+
+def check_link(link):
+    if os.path.lexists(link) and not os.path.islink(link):
+        raise ValueError('link: {0} is a real {1}, not a symlink this module manages; move it away first '
+                         '(mv {0} {0}.old) and run again'.format(link, 'directory' if os.path.isdir(link) else 'file'))
+
+
+def plan_prune(root, keep_ids):
+    """Venv directories under root to remove: finished ones not kept, and unfinished builds."""
+    out = []
+    if not os.path.isdir(root):
+        return out
+    for name in sorted(os.listdir(root)):
+        if ID.match(name) and os.path.isdir(os.path.join(root, name)) and name not in keep_ids:
+            out.append(name)
+    return out
+
+
+def kept(root, history, now, keep):
+    """The active id plus the `keep` most recently active others that still exist."""
+    previous = []
+    for vid in reversed(history):
+        if vid != now and vid not in previous and complete(root, vid):
+            previous.append(vid)
+    return [now] + previous[:keep]
+
+
+# -- building ---------------------------------------------------------------------------------
+def run(argv, env, timeout, what):
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise BuildError('{0} did not finish in {1} s'.format(what, timeout), argv=argv)
+    except OSError as e:
+        raise BuildError('{0} could not run: {1}'.format(what, e), argv=argv)
+    if out.returncode != 0:
+        raise BuildError('{0} failed (exit {1}): {2}'.format(what, out.returncode, tail(out.stderr or out.stdout)),
+                         argv=argv, stderr=out.stderr)
+    return out
+
+
+def tail(text, lines=20):
+    return '\n'.join((text or '').strip().splitlines()[-lines:])
+
+
+def build(target, lock_path, lock_text, overrides, python, uv, install_args, env, imports, timeout):
+    """Make the venv at target; raises BuildError (target removed) when any step or check fails."""
+    timings = {}
+    try:
+        started = time.time()
+        run([uv, 'venv', '--quiet', '--allow-existing', '--python', python, target], env, timeout, 'uv venv')
+        py = os.path.join(target, 'bin', 'python')
+        for n, text in enumerate(phases(lock_text, overrides)):
+            part = os.path.join(target, 'gpufleet-lock-{0}.txt'.format(n))
+            with io.open(part, 'w', encoding='utf-8') as fh:
+                fh.write(text)
+            run([uv, 'pip', 'install', '--python', py, '--require-hashes', '--no-deps', '-r', part]
+                + list(install_args), env, timeout,
+                'installing the lock' if n == 0 else 'installing the overrides ({0})'.format(', '.join(overrides)))
+            os.unlink(part)
+        timings['install_s'] = round(time.time() - started, 2)
+        started = time.time()
+        report = _venv.audit(target, lock_path, 'fast', 'uv', install_args, overrides, uv)
+        timings['audit_s'] = round(time.time() - started, 2)
+        if not report['healthy']:
+            raise BuildError('the new venv failed its audit: {0}'.format(summary(report['findings'])),
+                             findings=report['findings'])
+        started = time.time()
+        if imports:
+            run([py, '-c', 'import ' + ', '.join(imports)], env, timeout, 'import {0}'.format(', '.join(imports)))
+        timings['import_s'] = round(time.time() - started, 2)
+        return timings, report
+    except BuildError:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+
+
+def summary(findings):
+    parts = []
+    for b in findings['broken_distributions']:
+        parts.append('{0} {1} lacks {2} file(s)'.format(b['name'], b['version'], len(b['missing']) + len(b['modified'])))
+    for c in findings['collisions']:
+        parts.append('{0} is claimed by {1}'.format(c['path'], ', '.join(c['claimed_by'])))
+    for u in findings['unresolved_libraries']:
+        parts.append('{0} (needed by {1}) is not found'.format(u['soname'], ', '.join(u['needed_by'][:3])))
+    for kind, items in sorted(findings['drift'].items()):
+        for item in items:
+            parts.append('{0} {1}'.format(kind.replace('_', ' '), item['name']))
+    return '; '.join(parts) or 'none'
+
+
+def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=(), install_args=(),
+           cache_dir=None, keep=2, imports=('torch',), rollback=False, check=False, timeout=3600):
+    """Make the lock's venv active at link (building it when it does not exist yet), or roll back.
+    Returns the result dict; raises ValueError for bad input (nothing changed) and BuildError for a failed
+    build (the active venv untouched)."""
+    check_link(link)
+    if keep < 0:
+        raise ValueError('keep: must be 0 or more, got {0}'.format(keep))
+    history = read_history(root)
+    current = active(root, link)
+    if current and current not in history:
+        history.append(current)
+    result = {'changed': False, 'built': False, 'switched': False, 'previous': current, 'removed': [],
+              'timings': {}, 'link': link}
+    if rollback:
+        candidates = [v for v in reversed(history) if v != current and complete(root, v)]
+        if not candidates:
+            raise ValueError('rollback: there is no previous venv under {0} to go back to'.format(root))
+        vid = candidates[0]
+    else:
+        with io.open(lock_path, encoding='utf-8') as fh:
+            lock_text = fh.read()
+        phases(lock_text, overrides)  # validates before anything changes
+        vid = venv_id(lock_text, overrides, python_version(python))
+    target = os.path.join(root, vid)
+    result.update(id=vid, venv=target)
+    need_build = not rollback and not complete(root, vid)
+    need_switch = current != vid
+    if need_switch or history[-1:] != [vid]:
+        history = [h for h in history if h != vid] + [vid]
+    remove = [r for r in plan_prune(root, kept(root, history, vid, keep)) if r != vid]
+    result.update(changed=bool(need_build or need_switch or remove), built=need_build, switched=need_switch,
+                  removed=remove)
+    if check or not result['changed']:
+        return result
+    if not os.path.isdir(root):
+        os.makedirs(root, 0o755)
+    with io.open(os.path.join(root, '.lock'), 'w') as lock_fh:
+        fcntl.flock(lock_fh, fcntl.LOCK_EX)
+        if need_build:
+            env = dict(os.environ, UV_LINK_MODE='copy', UV_PYTHON_DOWNLOADS='never', UV_NO_PROGRESS='1')
+            if cache_dir:
+                env['UV_CACHE_DIR'] = cache_dir
+            if os.path.exists(target):
+                shutil.rmtree(target)  # an unfinished build of an earlier run
+            timings, report = build(target, lock_path, lock_text, overrides, python, uv, install_args, env,
+                                    list(imports), timeout)
+            result['timings'] = timings
+            result['distributions'] = report['distributions']
+            write_json(os.path.join(target, MARKER), {
+                'id': vid, 'lock_sha256': hashlib.sha256(lock_text.encode('utf-8')).hexdigest(),
+                'overrides': list(overrides), 'python': python, 'built_at': int(time.time())})
+        if need_switch:
+            switch(link, target)
+        write_json(os.path.join(root, 'history.json'), history)
+        for name in remove:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return result

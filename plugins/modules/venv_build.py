@@ -1,0 +1,167 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+module: venv_build
+short_description: Build a hash-locked venv beside the active one, check it, and switch to it atomically
+version_added: 0.1.0
+description:
+  - Each venv lives at C(<root>/<id>), where C(<id>) is a hash of the lock, the declared overrides and the
+    Python version, so a lock is built once and the same lock always gives the same path. O(link) (the path
+    jobs use, C(/root/venv)) is a symlink to the active one.
+  - A new venv is built beside the active one with uv, C(--require-hashes --no-deps), in two installs - first
+    everything but the O(overrides), then the overrides, so that their bytes are the ones left at the paths
+    they share with other distributions. It is then audited (as M(gpufleet.proxmox.venv_audit) does: RECORD
+    files, undeclared collisions, the ELF closure, drift against the lock) and the O(imports) are imported
+    with its Python. Only then is the link switched, in one rename.
+  - A failed build or check removes the new venv, leaves the active one untouched and fails saying why.
+  - Keeps the O(keep) venvs that were active before, for O(rollback); removes older ones and unfinished builds.
+  - Runs with the target's system Python and the standard library; uv must be on the target.
+author:
+  - gpufleet maintainers (@gpufleet)
+attributes:
+  check_mode:
+    support: full
+    description: Reports whether it would build, switch and remove, and changes nothing.
+  diff_mode:
+    support: none
+    description: The result says what changed.
+options:
+  lock:
+    description:
+      - A lock on the target in requirements format, every package pinned with C(==) and hashed
+        (C(uv pip compile --generate-hashes) writes one). Required unless O(rollback=true).
+    type: path
+  root:
+    description: The directory holding the venvs.
+    type: path
+    default: /opt/gpufleet/venvs
+  link:
+    description: The stable path, a symlink to the active venv. A real directory there is never replaced.
+    type: path
+    default: /root/venv
+  python:
+    description: The interpreter the venvs are made with.
+    type: path
+    default: /usr/bin/python3
+  uv:
+    description: The uv executable.
+    type: path
+    default: uv
+  overrides:
+    description:
+      - Distributions installed after all the others, whose files are meant to win where they share paths
+        with another distribution (the cu13 runtime wheels over torch's cu12 ones).
+    type: list
+    elements: str
+    default: []
+  install_args:
+    description: Extra arguments for every uv install (V(--no-index), V(--find-links=DIR), V(--offline)).
+    type: list
+    elements: str
+    default: []
+  cache_dir:
+    description: The uv cache (the node's, bound into its containers, so each package is fetched once a node).
+    type: path
+  imports:
+    description: Modules the new venv's Python must import before it is made active.
+    type: list
+    elements: str
+    default: [torch]
+  keep:
+    description: How many previously active venvs to keep for rollback.
+    type: int
+    default: 2
+  rollback:
+    description: Make the most recently active other venv active again (nothing is built).
+    type: bool
+    default: false
+  timeout:
+    description: Seconds each step (an install, the import check) may take.
+    type: int
+    default: 3600
+'''
+
+EXAMPLES = r'''
+- name: Build and activate the venv of the default profile
+  gpufleet.proxmox.venv_build:
+    lock: /opt/gpufleet/profiles/default/requirements.lock
+    uv: /opt/gpufleet/uv/0.13.9/bin/uv
+    overrides: [nvidia-cudnn-cu13, nvidia-cusparselt-cu13, nvidia-nccl-cu13, nvidia-nvshmem-cu13]
+    cache_dir: /var/cache/gpufleet/uv
+
+- name: Go back to the venv that was active before
+  gpufleet.proxmox.venv_build:
+    rollback: true
+'''
+
+RETURN = r'''
+id:
+  description: The active venv's id after the run.
+  returned: success
+  type: str
+venv:
+  description: The active venv's directory.
+  returned: success
+  type: str
+previous:
+  description: The id that was active before (null when there was none).
+  returned: always
+  type: str
+built:
+  description: Whether a venv was built (would be, in check mode).
+  returned: always
+  type: bool
+switched:
+  description: Whether the link was switched.
+  returned: always
+  type: bool
+removed:
+  description: Ids of old venvs and unfinished builds removed.
+  returned: always
+  type: list
+  elements: str
+timings:
+  description: Seconds spent installing, auditing and importing (when built).
+  returned: always
+  type: dict
+findings:
+  description: The new venv's audit findings, when that check failed.
+  returned: failure
+  type: dict
+'''
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv_build
+
+
+def main():
+    module = AnsibleModule(argument_spec=dict(
+        lock=dict(type='path'), root=dict(type='path', default='/opt/gpufleet/venvs'),
+        link=dict(type='path', default='/root/venv'), python=dict(type='path', default='/usr/bin/python3'),
+        uv=dict(type='path', default='uv'), overrides=dict(type='list', elements='str', default=[]),
+        install_args=dict(type='list', elements='str', default=[]), cache_dir=dict(type='path'),
+        imports=dict(type='list', elements='str', default=['torch']), keep=dict(type='int', default=2),
+        rollback=dict(type='bool', default=False), timeout=dict(type='int', default=3600)),
+        required_if=[('rollback', False, ('lock',))], supports_check_mode=True)
+    p = module.params
+    try:
+        result = _venv_build.deploy(p['root'], p['link'], p['lock'], p['python'], p['uv'], p['overrides'],
+                                    p['install_args'], p['cache_dir'], p['keep'], p['imports'], p['rollback'],
+                                    module.check_mode, p['timeout'])
+    except _venv_build.BuildError as e:
+        module.fail_json(msg='venv_build: {0}; the active venv is unchanged'.format(e), **e.details)
+    except (ValueError, IOError, OSError) as e:
+        module.fail_json(msg='venv_build: {0}'.format(e))
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,85 @@
+"""Real wheels built at test time: a "cu12" and a "cu13" flavour of a runtime installing the same
+nvidia/fakert/lib/lib{a,b,c}.so.1, and an extension that needs all three through an $ORIGIN RPATH,
+as torch's libraries do. The incident at small scale."""
+
+import base64
+import hashlib
+import os
+import subprocess
+import zipfile
+
+import pytest
+
+LIBS = ('libfakea.so.1', 'libfakeb.so.1', 'libfakec.so.1')
+LIBDIR = 'nvidia/fakert/lib'
+
+
+def gcc(out, source, *args):
+    src = out + '.c'
+    with open(src, 'w') as fh:
+        fh.write(source)
+    subprocess.run(['gcc', '-shared', '-fPIC', '-o', out, src] + list(args), check=True)
+    os.unlink(src)
+    with open(out, 'rb') as fh:
+        return fh.read()
+
+
+def wheel(where, dist, version, files):
+    """A real wheel: files {relpath: bytes} plus its dist-info with a RECORD of sha256 and sizes."""
+    info = '{0}-{1}.dist-info'.format(dist.replace('-', '_'), version)
+    files = dict(files)
+    files[info + '/METADATA'] = 'Metadata-Version: 2.1\nName: {0}\nVersion: {1}\n'.format(dist, version).encode()
+    files[info + '/WHEEL'] = b'Wheel-Version: 1.0\nGenerator: gpufleet-tests\nRoot-Is-Purelib: false\nTag: py3-none-any\n'
+    record = []
+    for rel, data in sorted(files.items()):
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()
+        record.append('{0},sha256={1},{2}'.format(rel, digest, len(data)))
+    record.append(info + '/RECORD,,')
+    files[info + '/RECORD'] = ('\n'.join(record) + '\n').encode()
+    path = os.path.join(where, '{0}-{1}-py3-none-any.whl'.format(dist.replace('-', '_'), version))
+    with zipfile.ZipFile(path, 'w') as zf:
+        for rel, data in sorted(files.items()):
+            zf.writestr(rel, data)
+    return path
+
+
+@pytest.fixture(scope='module')
+def wheels(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp('wheels'))
+    build = str(tmp_path_factory.mktemp('build'))
+    flavours = {}
+    for flavour in ('cu12', 'cu13'):
+        flavours[flavour] = dict(('{0}/{1}'.format(LIBDIR, lib), gcc(os.path.join(build, flavour + lib), (
+            'const char *flavour_{0}(void) {{ return "{1}"; }}\n').format(lib[7], flavour), '-Wl,-soname,' + lib))
+            for lib in LIBS)
+        wheel(d, 'fake-rt-' + flavour, '1.0', flavours[flavour])
+    libs = [os.path.join(build, 'cu12' + lib) for lib in LIBS]
+    for lib, path in zip(LIBS, libs):
+        os.rename(path, os.path.join(build, lib))
+    ext = gcc(os.path.join(build, '_C.so'), 'extern const char *flavour_a(void);\nextern const char *flavour_b(void);\n'
+              'extern const char *flavour_c(void);\nconst char *probe(void) { flavour_b(); flavour_c(); return flavour_a(); }\n',
+              *([os.path.join(build, lib) for lib in LIBS] + ['-Wl,--disable-new-dtags', "-Wl,-rpath,$ORIGIN/../" + LIBDIR]))
+    init = (b'import ctypes, os\n_C = ctypes.CDLL(os.path.join(os.path.dirname(__file__), "_C.so"))\n'
+            b'_C.probe.restype = ctypes.c_char_p\nFLAVOUR = _C.probe().decode()\n')
+    wheel(d, 'fake-torch', '1.0', {'fake_torch/__init__.py': init, 'fake_torch/_C.so': ext})
+    wheel(d, 'fake-extra', '1.0', {'fake_extra/__init__.py': b''})
+    wheel(d, 'fake-contaminant', '2.0', {'{0}/libfakea.so.1'.format(LIBDIR): flavours['cu12'][LIBDIR + '/libfakea.so.1'] + b'\0junk',
+                                         'fake_contaminant/__init__.py': b''})
+    return d
+
+
+def sha256(path):
+    with open(path, 'rb') as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+def lock(wheels_dir, path, *names):
+    """A hash-locked lock of the named wheels (name==version --hash=sha256:...), as uv pip compile writes."""
+    lines = []
+    for name in names:
+        dist, version = name.split('==')
+        whl = os.path.join(wheels_dir, '{0}-{1}-py3-none-any.whl'.format(dist.replace('-', '_'), version))
+        lines.append('{0} \\\n    --hash=sha256:{1}\n'.format(name, sha256(whl)))
+    with open(path, 'w') as fh:
+        fh.write('# hash-locked\n' + ''.join(lines))
+    return str(path)

@@ -1,0 +1,108 @@
+"""venv_build for real: uv builds content-addressed venvs from a hash-locked lock of real wheels (the
+incident's cu12/cu13 pair), checks them, switches the link atomically, keeps old ones for rollback."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from fakewheels import lock, wheels  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.lab
+
+UV = os.path.join(os.path.dirname(sys.executable), 'uv')
+STACK = ('fake-rt-cu12==1.0', 'fake-rt-cu13==1.0', 'fake-torch==1.0')
+
+
+@pytest.fixture
+def build(play, tmp_path, wheels):
+    def run(lock_path=None, check=False, fail=False, **options):
+        options.setdefault('root', str(tmp_path / 'venvs'))
+        options.setdefault('link', str(tmp_path / 'venv'))
+        options.setdefault('uv', UV)
+        options.setdefault('python', sys.executable)
+        options.setdefault('overrides', ['fake-rt-cu13'])
+        options.setdefault('imports', ['fake_torch'])
+        options.setdefault('cache_dir', str(tmp_path / 'uv-cache'))
+        options.setdefault('install_args', ['--offline', '--no-index', '--find-links', wheels])
+        if lock_path:
+            options['lock'] = lock_path
+        task = {'gpufleet.proxmox.venv_build': options, 'check_mode': check}
+        if fail:
+            task['ignore_errors'] = True
+        res = play([task]).task(0)
+        assert bool(res.get('failed')) == fail, res
+        return res
+    return run
+
+
+def flavour(link):
+    return subprocess.run([os.path.join(link, 'bin', 'python'), '-c', 'import fake_torch; print(fake_torch.FLAVOUR)'],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_build_switch_idempotence_failure_and_rollback(build, tmp_path, wheels):
+    link, root = str(tmp_path / 'venv'), str(tmp_path / 'venvs')
+    first = lock(wheels, tmp_path / 'a.lock', *STACK)
+    planned = build(first, check=True)
+    assert planned['changed'] and planned['built'] and not os.path.exists(root) and not os.path.lexists(link)
+
+    one = build(first)
+    assert one['changed'] and one['built'] and one['switched'] and one['previous'] is None
+    assert os.readlink(link) == os.path.join(root, one['id']) and len(one['id']) == 16
+    assert flavour(link) == 'cu13'  # the override's bytes are the ones on disk
+    assert set(one['timings']) == {'install_s', 'audit_s', 'import_s'}
+
+    again = build(first)
+    assert not again['changed'] and not again['built'] and again['id'] == one['id']
+
+    # A lock whose stack cannot import (the runtime wheels left out): the audit names every missing library,
+    # the new venv is removed and the active one keeps working.
+    broken = lock(wheels, tmp_path / 'broken.lock', 'fake-torch==1.0')
+    failed = build(broken, fail=True, overrides=[])
+    assert 'the active venv is unchanged' in failed['msg']
+    assert [u['soname'] for u in failed['findings']['unresolved_libraries']] == \
+        ['libfakea.so.1', 'libfakeb.so.1', 'libfakec.so.1']
+    assert os.readlink(link) == os.path.join(root, one['id']) and flavour(link) == 'cu13'
+    assert sorted(os.listdir(root)) == sorted([one['id'], 'history.json', '.lock'])
+
+    # A hash that does not match the wheel: uv refuses it, nothing changes.
+    tampered = tmp_path / 'tampered.lock'
+    lines = open(first).read().splitlines()
+    lines[2] = '    --hash=sha256:' + '0' * 64  # fake-rt-cu12's hash
+    tampered.write_text('\n'.join(lines) + '\n')
+    failed = build(str(tampered), fail=True)
+    assert 'hash' in failed['msg'].lower() and os.readlink(link) == os.path.join(root, one['id'])
+
+    # A new lock: built beside, switched, the old one kept.
+    second = lock(wheels, tmp_path / 'b.lock', *(STACK + ('fake-extra==1.0',)))
+    two = build(second)
+    assert two['built'] and two['switched'] and two['previous'] == one['id'] and two['removed'] == []
+    assert os.path.isdir(os.path.join(root, one['id']))
+
+    back = build(rollback=True)
+    assert back['changed'] and back['id'] == one['id'] and back['previous'] == two['id']
+    assert os.readlink(link) == os.path.join(root, one['id']) and flavour(link) == 'cu13'
+
+    # keep: 0 removes everything but the active venv.
+    pruned = build(first, keep=0)
+    assert pruned['removed'] == [two['id']] and not pruned['built'] and not pruned['switched']
+    nothing = build(rollback=True, fail=True)
+    assert 'no previous venv' in nothing['msg']
+
+
+def test_bad_input_is_refused_before_anything_changes(build, tmp_path, wheels):
+    link = tmp_path / 'venv'
+    unpinned = tmp_path / 'unpinned.lock'
+    unpinned.write_text('fake-torch>=1.0\nfake-rt-cu12==1.0\n')
+    res = build(str(unpinned), fail=True)
+    assert "line 1: 'fake-torch>=1.0' is not pinned with ==" in res['msg']
+    assert 'line 2: fake-rt-cu12==1.0 has no --hash' in res['msg']
+    assert 'overrides: fake-rt-cu13 is not in the lock' in res['msg']
+    assert not (tmp_path / 'venvs').exists()
+
+    link.mkdir()
+    (link / 'keep-me').write_text('data')
+    res = build(lock(wheels, tmp_path / 'a.lock', *STACK), fail=True)
+    assert 'link: {0} is a real directory'.format(link) in res['msg']
+    assert (link / 'keep-me').read_text() == 'data' and not (tmp_path / 'venvs').exists()
