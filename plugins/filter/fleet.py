@@ -14,8 +14,8 @@ def fleet_errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=Fals
     return _fleet.errors(fleet, nodes, pve, is_root_password, gpu_sharing, passthrough)
 
 
-def fleet_specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None):
-    return _fleet.specs(fleet, nodes, defaults, passthrough, driver_mount)
+def fleet_specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None, shares=None):
+    return _fleet.specs(fleet, nodes, defaults, passthrough, driver_mount, shares)
 
 
 def fleet_raw(fleet, nodes, majors):

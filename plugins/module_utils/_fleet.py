@@ -152,10 +152,17 @@ def raw_lines(devices, majors):
     return lines
 
 
-def specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None):
+def share_mount(share):
+    """A node share ({path, mp, read_only}) as an mpN value."""
+    return '{0},mp={1}{2}'.format(share['path'], share['mp'], ',ro=1' if share.get('read_only') else '')
+
+
+def specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None, shares=None):
     """One lxc_container entry per container: the fleet's values over the role's defaults.
 
-    driver_mount: {node: mount string} binding that node's driver bundle into its containers.
+    driver_mount: {node: mount string} binding that node's driver bundle into its GPU containers.
+    shares: {node: [{path, mp, read_only}]} node directories bound into all its containers.
+    Both take the highest free mpN keys, in that order, so the user's own mounts keep theirs.
     """
     out = []
     for entry in fleet:
@@ -178,9 +185,12 @@ def specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None):
         elif isinstance(net, dict):
             spec['net'] = net
         mounts = dict(entry.get('mounts') or {})
+        extra = [share_mount(s) for s in (shares or {}).get(node) or []]
         if driver_mount and driver_mount.get(node) and gpu_list(entry, nodes.get(node)):
+            extra.insert(0, driver_mount[node])
+        for value in extra:
             free = [n for n in range(256) if 'mp{0}'.format(n) not in mounts]
-            mounts['mp{0}'.format(free[-1])] = driver_mount[node]
+            mounts['mp{0}'.format(free[-1])] = value
         if mounts or entry.get('mounts') is not None:
             spec['mounts'] = mounts
         # With raw passthrough the GPUs go in as lxc.* lines (raw()), not as devN.

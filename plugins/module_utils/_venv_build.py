@@ -221,7 +221,8 @@ def summary(findings):
 
 
 def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=(), install_args=(),
-           cache_dir=None, keep=2, imports=('torch',), rollback=False, check=False, timeout=3600):
+           cache_dir=None, keep=2, imports=('torch',), rollback=False, check=False, timeout=3600,
+           python_version_wanted=None):
     """Make the lock's venv active at link (building it when it does not exist yet), or roll back.
     Returns the result dict; raises ValueError for bad input (nothing changed) and BuildError for a failed
     build (the active venv untouched)."""
@@ -243,7 +244,12 @@ def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=
         with io.open(lock_path, encoding='utf-8') as fh:
             lock_text = fh.read()
         phases(lock_text, overrides)  # validates before anything changes
-        vid = venv_id(lock_text, overrides, python_version(python))
+        interpreter = python_version(python)
+        have = interpreter.split()[1] if len(interpreter.split()) > 1 else ''
+        if python_version_wanted and not (have + '.').startswith(str(python_version_wanted) + '.'):
+            raise ValueError('python_version: the lock is for Python {0}, but {1} is Python {2}'.format(
+                python_version_wanted, python, have))
+        vid = venv_id(lock_text, overrides, interpreter)
     target = os.path.join(root, vid)
     result.update(id=vid, venv=target)
     need_build = not rollback and not complete(root, vid)

@@ -50,6 +50,9 @@ options:
     description: The interpreter the venvs are made with.
     type: path
     default: /usr/bin/python3
+  python_version:
+    description: The Python version the lock was made for (V(3.11)); any other interpreter is refused.
+    type: str
   uv:
     description: The uv executable.
     type: path
@@ -149,13 +152,14 @@ def main():
         uv=dict(type='path', default='uv'), overrides=dict(type='list', elements='str', default=[]),
         install_args=dict(type='list', elements='str', default=[]), cache_dir=dict(type='path'),
         imports=dict(type='list', elements='str', default=['torch']), keep=dict(type='int', default=2),
-        rollback=dict(type='bool', default=False), timeout=dict(type='int', default=3600)),
+        rollback=dict(type='bool', default=False), timeout=dict(type='int', default=3600),
+        python_version=dict(type='str')),
         required_if=[('rollback', False, ('lock',))], supports_check_mode=True)
     p = module.params
     try:
         result = _venv_build.deploy(p['root'], p['link'], p['lock'], p['python'], p['uv'], p['overrides'],
                                     p['install_args'], p['cache_dir'], p['keep'], p['imports'], p['rollback'],
-                                    module.check_mode, p['timeout'])
+                                    module.check_mode, p['timeout'], p['python_version'])
     except _venv_build.BuildError as e:
         module.fail_json(msg='venv_build: {0}; the active venv is unchanged'.format(e), **e.details)
     except (ValueError, IOError, OSError) as e:

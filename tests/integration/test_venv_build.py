@@ -101,6 +101,10 @@ def test_bad_input_is_refused_before_anything_changes(build, tmp_path, wheels):
     assert 'overrides: fake-rt-cu13 is not in the lock' in res['msg']
     assert not (tmp_path / 'venvs').exists()
 
+    res = build(lock(wheels, tmp_path / 'a.lock', *STACK), fail=True, python_version='2.7')
+    assert 'python_version: the lock is for Python 2.7, but {0} is Python 3.'.format(sys.executable) in res['msg']
+    assert not (tmp_path / 'venvs').exists()
+
     link.mkdir()
     (link / 'keep-me').write_text('data')
     res = build(lock(wheels, tmp_path / 'a.lock', *STACK), fail=True)

@@ -63,6 +63,14 @@ def test_fleet_specs_and_raw_lines():
     assert spec['rootfs'] == 'local-zfs:32' and spec['cores'] == 4 and spec['net'] == {'net0': 'name=eth0,bridge=vmbr0'}
     assert [d['path'] for d in spec['devices']] == ['/dev/nvidia2'] + list(_fleet.CONTROL_NODES)
     assert spec['mounts'] == {'mp255': '/opt/gpufleet/driver/580.95.05,mp=/opt/nvidia-driver,ro=1'}
+    shares = {'gpu01': [{'path': '/var/cache/gpufleet/uv', 'mp': '/var/cache/gpufleet/uv'},
+                        {'path': '/srv/wh', 'mp': '/opt/gpufleet/wheelhouse', 'read_only': True}]}
+    mine = dict(fleet[0], gpus=[], mounts={'mp0': 'local-zfs:8,mp=/data', 'mp254': '/x,mp=/x'})
+    spec = _fleet.specs([mine], {'gpu01': [0, 1, 2]}, {}, 'devn', {'gpu01': '/d,mp=/opt/nvidia-driver,ro=1'}, shares)[0]
+    # no GPUs, no driver mount; the shares take the highest free keys and the user's own keep theirs
+    assert spec['mounts'] == {'mp0': 'local-zfs:8,mp=/data', 'mp254': '/x,mp=/x',
+                              'mp255': '/var/cache/gpufleet/uv,mp=/var/cache/gpufleet/uv',
+                              'mp253': '/srv/wh,mp=/opt/gpufleet/wheelhouse,ro=1'}
     raw = _fleet.raw(fleet, {'gpu01': [0, 1, 2]}, {'gpu01': {'nvidia-uvm': 509}})[200]
     assert 'lxc.cgroup2.devices.allow: c 195:2 rw' in raw and 'lxc.cgroup2.devices.allow: c 509:1 rw' in raw
     assert 'lxc.mount.entry: /dev/nvidia2 dev/nvidia2 none bind,optional,create=file' in raw

@@ -4,6 +4,8 @@
     gpufleet lab status    the lab's services and its containers, API and LXC side by side
     gpufleet lab reset     destroy every lab container; the lab stays up
     gpufleet lab down      take the lab away, leaving nothing behind
+    gpufleet profile lock DIR [--find-links WHEELHOUSE]   regenerate a venv profile's hash-locked lock
+    gpufleet profile check DIR                            a profile's input and lock agree
 """
 
 import argparse
@@ -35,6 +37,11 @@ def lab_command(args):
     return 0
 
 
+def profile_command(args):
+    from .. import profiles
+    return profiles.main(args)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog='gpufleet', description=__doc__.split('\n\n')[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -45,6 +52,11 @@ def build_parser():
     lab.add_argument('action', choices=('up', 'down', 'status', 'reset'))
     lab.add_argument('--json', action='store_true', help='print the status as JSON')
     lab.set_defaults(func=lab_command)
+    profile = sub.add_parser('profile', help="a venv profile's lock")
+    profile.add_argument('action', choices=('lock', 'check'))
+    profile.add_argument('directory', help='the profile directory (pyproject.toml, profile.yml)')
+    profile.add_argument('--find-links', help='resolve offline from this wheelhouse only')
+    profile.set_defaults(func=profile_command)
     return parser
 
 
