@@ -147,6 +147,11 @@ class PlayResult:
         """The result of the index-th task for host (a dict as the module returned it)."""
         return self.data['plays'][-1]['tasks'][index]['hosts'][host]
 
+    def tasks(self, host):
+        """Every task result of host in the run, in order, each with its task's name under 'task'."""
+        return [dict(t['hosts'][host], task=t['name']) for p in self.data['plays'] for t in p['tasks']
+                if host in t['hosts']]
+
     @property
     def stats(self):
         return self.data['stats']

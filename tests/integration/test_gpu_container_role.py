@@ -19,8 +19,11 @@ OPEN = ('import errno, glob, os\n'
         '        print(p, errno.errorcode[e.errno])\n')
 
 
-def site(tmp_path, fleet, *args, **extra):
+def site(tmp_path, fleet, *args, venv=False, **extra):
+    """site.yml on this fleet; the venv stage only with venv=True (test_torch_venv_role covers it)."""
     extra['gpufleet_containers'] = fleet
+    if not venv:
+        args = ('--skip-tags', 'venv') + args
     path = tmp_path / 'vars-{0}.json'.format(len(list(tmp_path.glob('vars-*.json'))))
     path.write_text(json.dumps(extra))
     return run_playbook(open(SITE).read(), tmp_path, '-e', '@' + str(path), *args)

@@ -1,0 +1,135 @@
+"""The torch_venv role end to end in a lab container, with the real CPU torch from the node's wheelhouse:
+build, second run changed=0, drift reported in check mode and repaired, a failed build that leaves the
+active venv alone, rollback, and a profile without its lock refused."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import ROOT, Pve, _api
+from fakewheels import wheel
+from test_gpu_container_role import entry, site
+
+pytestmark = pytest.mark.lab
+
+VMID = 321
+CPU = os.path.join(ROOT, 'roles', 'torch_venv', 'files', 'profiles', 'cpu')
+FLEET = [entry(VMID, 'venv-a', [0], memory=2048)]
+
+
+def venv_site(tmp_path, *args, **extra):
+    """site.yml, the venv stage included."""
+    return site(tmp_path, FLEET, *args, venv=True, **extra)
+
+
+def sh(cmd):
+    return subprocess.run(['pct', 'exec', str(VMID), '--', 'sh', '-c', cmd], capture_output=True, text=True)
+
+
+def torch_version():
+    out = sh('/root/venv/bin/python -c "import torch; print(torch.__version__)" 2>&1')
+    return out.stdout.strip().splitlines()[-1] if out.returncode == 0 else 'FAILED: ' + out.stdout[-300:]
+
+
+def link():
+    return sh('readlink /root/venv').stdout.strip()
+
+
+def task(result, host, name):
+    return [t for t in result.tasks(host) if t['task'].endswith(name)]
+
+
+def profile(tmp_path, name, lock_text):
+    d = tmp_path / name
+    d.mkdir()
+    for f in ('pyproject.toml', 'profile.yml'):
+        shutil.copy(os.path.join(CPU, f), d / f)
+    (d / 'requirements.lock').write_text(lock_text)
+    return str(d)
+
+
+@pytest.fixture(scope='module')
+def built(tmp_path_factory, creds, lab):
+    """The container, made and given its venv once for this module's tests, destroyed after them."""
+    pve = Pve(_api(creds, user='root@pam', password=creds['api_password']), creds['node'])
+    pve.made.append(VMID)
+    first = venv_site(tmp_path_factory.mktemp('venv-site'))
+    assert first.rc == 0, first.stdout[-4000:]
+    yield first
+    pve.cleanup()
+
+
+def test_build_then_nothing_to_do(built, tmp_path, lab):
+    assert torch_version() == '2.13.0+cpu'
+    assert link().startswith('/opt/gpufleet/venvs/') and len(os.path.basename(link())) == 16
+    # the node's uv cache is bound in and holds what the build downloaded: the next container reuses it
+    cache = os.path.join(lab.root, 'node', 'var', 'cache', 'gpufleet', 'uv')
+    assert sh('mountpoint -q /var/cache/gpufleet/uv && ls /var/cache/gpufleet/uv').returncode == 0
+    assert any(n.startswith('archive') for n in os.listdir(cache))
+    assert os.stat(cache).st_uid == 100000  # written by the unprivileged container's root
+    again = venv_site(tmp_path)
+    assert again.rc == 0 and all(s['changed'] == 0 for s in again.stats.values()), again.stats
+
+
+def test_drift_reported_in_check_mode_then_repaired(built, tmp_path):
+    site_packages = '/root/venv/lib/python3.11/site-packages'
+    # a file of a locked distribution deleted (import torch breaks) and a package the lock does not hold
+    assert sh('rm {0}/typing_extensions.py'.format(site_packages)).returncode == 0
+    assert torch_version().startswith('FAILED')
+    whl = wheel(str(tmp_path), 'stray', '1.0', {'stray/__init__.py': b''})
+    subprocess.run(['pct', 'push', str(VMID), whl, '/tmp/' + os.path.basename(whl)], check=True)
+    installed = sh('/opt/gpufleet/uv/0.13.9/bin/uv pip install --quiet --python /root/venv/bin/python --offline '
+                   '--no-deps /tmp/' + os.path.basename(whl))
+    assert installed.returncode == 0, installed.stderr
+
+    check = venv_site(tmp_path, '--check')
+    assert check.rc == 0, check.stdout[-3000:]
+    (audit,) = task(check, 'venv-a', 'Audit the active venv')
+    assert audit['changed'] and not audit['healthy']
+    assert [b['name'] for b in audit['findings']['broken_distributions']] == ['typing_extensions']
+    assert audit['findings']['drift']['extra'] == [{'name': 'stray', 'version': '1.0'}]
+    assert torch_version().startswith('FAILED')  # check mode changed nothing
+
+    fix = venv_site(tmp_path)
+    assert fix.rc == 0, fix.stdout[-3000:]
+    assert torch_version() == '2.13.0+cpu'
+    assert sh('test -e {0}/stray'.format(site_packages)).returncode != 0
+    clean = venv_site(tmp_path, '--check')
+    assert all(s['changed'] == 0 for s in clean.stats.values()), clean.stats
+
+
+def test_failed_build_keeps_the_active_venv_and_rollback(built, tmp_path):
+    before = link()
+    lock = open(os.path.join(CPU, 'requirements.lock')).read()
+    bad = lock.replace(lock.split('--hash=sha256:')[1][:64], '0' * 64, 1)
+    failed = venv_site(tmp_path, torch_venv_profile=profile(tmp_path, 'tampered', bad))
+    assert failed.rc != 0
+    (res,) = task(failed, 'venv-a', 'switch to it')
+    assert res['failed'] and 'the active venv is unchanged' in res['msg'] and 'hash' in res['msg'].lower()
+    assert link() == before and torch_version() == '2.13.0+cpu'
+
+    # the same packages under another lock: a new venv beside (the node's cache is warm), then back
+    newer = venv_site(tmp_path, torch_venv_profile=profile(tmp_path, 'newer', lock + '# rebuilt\n'))
+    assert newer.rc == 0, newer.stdout[-3000:]
+    (res,) = task(newer, 'venv-a', 'switch to it')
+    assert res['built'] and res['previous'] == os.path.basename(before) and link() != before
+    back = venv_site(tmp_path, torch_venv_rollback=True)
+    assert back.rc == 0, back.stdout[-3000:]
+    assert link() == before and torch_version() == '2.13.0+cpu'
+    kept = sh('ls /opt/gpufleet/venvs').stdout.split()
+    assert os.path.basename(before) in kept and res['id'] in kept
+
+
+def test_a_profile_without_its_lock_is_refused(built, tmp_path):
+    d = tmp_path / 'nolock'
+    d.mkdir()
+    for f in ('pyproject.toml', 'profile.yml'):
+        shutil.copy(os.path.join(CPU, f), d / f)
+    before = link()
+    r = venv_site(tmp_path, torch_venv_profile=str(d))
+    assert r.rc != 0
+    (res,) = task(r, 'venv-a', 'Check the profile has its lock')
+    assert 'torch_venv_profile' in res['msg'] and 'gpufleet profile lock {0}'.format(d) in res['msg']
+    assert link() == before
