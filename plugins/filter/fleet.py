@@ -1,13 +1,13 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.proxmox contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters over the fleet definition (the logic lives in module_utils/_fleet.py)."""
+"""Filters over the fleet definition and its reports (the logic lives in module_utils/_fleet.py and _verify.py)."""
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _fleet
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _fleet, _verify
 
 
 def fleet_errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, passthrough='auto'):
@@ -26,6 +26,11 @@ def fleet_power(specs, restart):
     return _fleet.power(specs, restart)
 
 
+def fleet_verify_summary(reports):
+    return _verify.summary(reports)
+
+
 class FilterModule(object):
     def filters(self):
-        return {'fleet_errors': fleet_errors, 'fleet_specs': fleet_specs, 'fleet_raw': fleet_raw, 'fleet_power': fleet_power}
+        return {'fleet_errors': fleet_errors, 'fleet_specs': fleet_specs, 'fleet_raw': fleet_raw, 'fleet_power': fleet_power,
+                'fleet_verify_summary': fleet_verify_summary}

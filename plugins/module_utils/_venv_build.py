@@ -222,7 +222,7 @@ def summary(findings):
 
 def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=(), install_args=(),
            cache_dir=None, keep=2, imports=('torch',), rollback=False, check=False, timeout=3600,
-           python_version_wanted=None):
+           python_version_wanted=None, meta=None):
     """Make the lock's venv active at link (building it when it does not exist yet), or roll back.
     Returns the result dict; raises ValueError for bad input (nothing changed) and BuildError for a failed
     build (the active venv untouched)."""
@@ -251,7 +251,7 @@ def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=
                 python_version_wanted, python, have))
         vid = venv_id(lock_text, overrides, interpreter)
     target = os.path.join(root, vid)
-    result.update(id=vid, venv=target)
+    result.update(id=vid, venv=target, meta=(read_marker(target) or {}).get('meta', meta or {}))
     need_build = not rollback and not complete(root, vid)
     need_switch = current != vid
     if need_switch or history[-1:] != [vid]:
@@ -277,7 +277,7 @@ def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=
             result['distributions'] = report['distributions']
             write_json(os.path.join(target, MARKER), {
                 'id': vid, 'lock_sha256': hashlib.sha256(lock_text.encode('utf-8')).hexdigest(),
-                'overrides': list(overrides), 'python': python, 'built_at': int(time.time())})
+                'overrides': list(overrides), 'python': python, 'built_at': int(time.time()), 'meta': meta or {}})
         if need_switch:
             switch(link, target)
         write_json(os.path.join(root, 'history.json'), history)

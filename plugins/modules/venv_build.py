@@ -77,6 +77,10 @@ options:
     type: list
     elements: str
     default: [torch]
+  meta:
+    description: What to remember with a new venv (its profile, what verify expects); returned as RV(meta).
+    type: dict
+    default: {}
   keep:
     description: How many previously active venvs to keep for rollback.
     type: int
@@ -134,6 +138,10 @@ timings:
   description: Seconds spent installing, auditing and importing (when built).
   returned: always
   type: dict
+meta:
+  description: What was remembered with the active venv when it was built (O(meta)).
+  returned: success
+  type: dict
 findings:
   description: The new venv's audit findings, when that check failed.
   returned: failure
@@ -153,13 +161,14 @@ def main():
         install_args=dict(type='list', elements='str', default=[]), cache_dir=dict(type='path'),
         imports=dict(type='list', elements='str', default=['torch']), keep=dict(type='int', default=2),
         rollback=dict(type='bool', default=False), timeout=dict(type='int', default=3600),
-        python_version=dict(type='str')),
+        python_version=dict(type='str'), meta=dict(type='dict', default={})),
         required_if=[('rollback', False, ('lock',))], supports_check_mode=True)
     p = module.params
     try:
         result = _venv_build.deploy(p['root'], p['link'], p['lock'], p['python'], p['uv'], p['overrides'],
                                     p['install_args'], p['cache_dir'], p['keep'], p['imports'], p['rollback'],
-                                    module.check_mode, p['timeout'], p['python_version'])
+                                    module.check_mode, p['timeout'], p['python_version'],
+                                    p['meta'])
     except _venv_build.BuildError as e:
         module.fail_json(msg='venv_build: {0}; the active venv is unchanged'.format(e), **e.details)
     except (ValueError, IOError, OSError) as e:

@@ -110,3 +110,22 @@ def test_bad_input_is_refused_before_anything_changes(build, tmp_path, wheels):
     res = build(lock(wheels, tmp_path / 'a.lock', *STACK), fail=True)
     assert 'link: {0} is a real directory'.format(link) in res['msg']
     assert (link / 'keep-me').read_text() == 'data' and not (tmp_path / 'venvs').exists()
+
+
+def test_the_lab_lock_is_what_its_command_makes(lab, tmp_path):
+    """The cpu profile's lock, regenerated offline from the lab's wheelhouse, is the committed one."""
+    import shutil
+    from conftest import ROOT
+    shipped = os.path.join(ROOT, 'roles', 'torch_venv', 'files', 'profiles', 'cpu')
+    mine = tmp_path / 'cpu'
+    shutil.copytree(shipped, mine)
+    (mine / 'requirements.lock').unlink()
+    gpufleet = os.path.join(os.path.dirname(sys.executable), 'gpufleet')
+    made = subprocess.run([gpufleet, 'profile', 'lock', str(mine), '--find-links', lab.wheelhouse],
+                          capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+
+    def body(path):
+        with open(path) as fh:
+            return [line for line in fh if not line.lstrip().startswith('#')]
+    assert body(mine / 'requirements.lock') == body(os.path.join(shipped, 'requirements.lock'))

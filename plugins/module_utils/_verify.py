@@ -1,0 +1,294 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What a training job needs of its venv, checked with the venv's own interpreter in a subprocess (so an
+ImportError or a hang is a finding, not a crash), every expectation compared and every failure reported
+at once, with a diagnosis of the devices and of the venv's shared libraries when something is wrong.
+
+Standard library only (the probe itself runs inside the venv, where torch is).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import glob
+import json
+import os
+import re
+import subprocess
+import time
+
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia, _venv
+
+# Runs with the venv's interpreter; prints one JSON document on its last line. argv[1]: options as JSON.
+PROBE = r'''
+import json, os, re, sys, time, traceback
+opts = json.loads(sys.argv[1])
+out = {"timings": {}}
+def done():
+    sys.stdout.write("\n" + json.dumps(out) + "\n")
+    sys.exit(0)
+t = time.monotonic()
+try:
+    import torch
+except BaseException as e:
+    out["import_error"] = "".join(traceback.format_exception_only(type(e), e)).strip()
+    done()
+out["timings"]["import_s"] = round(time.monotonic() - t, 3)
+out["torch_version"] = torch.__version__
+out["torch_file"] = torch.__file__
+out["cuda_version"] = torch.version.cuda
+out["arch_list"] = []
+try:
+    out["cudnn_version"] = torch.backends.cudnn.version()
+except Exception as e:
+    out["cudnn_version"] = None
+    out["cudnn_error"] = str(e)
+out["nccl_version"] = None
+if out["cuda_version"]:
+    try:
+        v = torch.cuda.nccl.version()
+        out["nccl_version"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+    except Exception as e:
+        out["nccl_error"] = str(e)
+t = time.monotonic()
+try:
+    out["cuda_available"] = bool(torch.cuda.is_available())
+    out["device_count"] = torch.cuda.device_count() if out["cuda_available"] else 0
+except Exception as e:
+    out["cuda_available"], out["device_count"], out["cuda_error"] = False, 0, str(e)
+out["timings"]["cuda_init_s"] = round(time.monotonic() - t, 3)
+# The userspace driver: the version in the file name of the libcuda.so.1 this process loads.
+out["driver_version"] = None
+try:
+    import ctypes
+    ctypes.CDLL("libcuda.so.1")
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            m = re.search(r"libcuda\.so\.(\d+\.\d+(?:\.\d+)?)\s*$", line)
+            if m:
+                out["driver_version"] = m.group(1)
+                break
+except OSError as e:
+    out["driver_error"] = str(e)
+devices = []
+if out["cuda_available"]:
+    out["arch_list"] = torch.cuda.get_arch_list()
+    for i in range(out["device_count"]):
+        p = torch.cuda.get_device_properties(i)
+        cap = "{0}.{1}".format(p.major, p.minor)
+        devices.append({"index": i, "name": p.name, "capability": cap, "memory_bytes": p.total_memory,
+                        "arch_supported": any(a.endswith("_{0}{1}".format(p.major, p.minor)) for a in out["arch_list"])})
+out["devices"] = devices
+if opts.get("smoke") == "matmul" and devices:
+    for d in devices:
+        dev = torch.device("cuda", d["index"])
+        g = torch.Generator().manual_seed(0)
+        a = torch.randn(256, 256, generator=g)
+        b = torch.randn(256, 256, generator=g)
+        want = a @ b
+        got = (a.to(dev, torch.bfloat16) @ b.to(dev, torch.bfloat16)).float().cpu()
+        d["matmul_rel_error"] = float((got - want).norm() / want.norm())
+        n = opts.get("bench_size", 4096)
+        x = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+        y = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+        for _ in range(3):
+            x @ y
+        torch.cuda.synchronize(dev)
+        iters = opts.get("bench_iters", 20)
+        t = time.monotonic()
+        for _ in range(iters):
+            x @ y
+        torch.cuda.synchronize(dev)
+        d["bf16_tflops"] = round(2.0 * n ** 3 * iters / (time.monotonic() - t) / 1e12, 1)
+if opts.get("compile_check"):
+    t = time.monotonic()
+    try:
+        f = torch.compile(lambda v: torch.nn.functional.gelu(v) * 2 + 1, backend=opts.get("compile_backend", "inductor"))
+        v = torch.randn(64, device="cuda" if devices else "cpu")
+        ok = torch.allclose(f(v), torch.nn.functional.gelu(v) * 2 + 1, atol=1e-5)
+        out["compile_ok"] = bool(ok)
+        if not ok:
+            out["compile_error"] = "the compiled function gave other results than eager mode"
+    except Exception as e:
+        out["compile_ok"] = False
+        out["compile_error"] = "".join(traceback.format_exception_only(type(e), e)).strip()[-2000:]
+    out["timings"]["compile_s"] = round(time.monotonic() - t, 3)
+done()
+'''
+
+ERRNO_WHY = {
+    'EPERM': "the container's device cgroup denies it (passthrough or cgroup rules wrong)",
+    'EACCES': 'permission denied (the node is not readable and writable by this user)',
+    'ENXIO': 'no driver behind the node (the NVIDIA kernel module on the node is not loaded, or the GPU is gone)',
+    'ENODEV': 'no driver behind the node (the NVIDIA kernel module on the node is not loaded, or the GPU is gone)',
+}
+
+
+def run_probe(venv, options, timeout):
+    """(probe result dict or None, failure message or None)."""
+    python = os.path.join(venv, 'bin', 'python')
+    if not os.path.exists(python):
+        return None, '{0} has no bin/python: not a venv'.format(venv)
+    try:
+        proc = subprocess.run([python, '-c', PROBE, json.dumps(options)], capture_output=True, text=True,
+                              timeout=timeout, check=False, env=dict(os.environ, PYTHONDONTWRITEBYTECODE='1'))
+    except subprocess.TimeoutExpired:
+        return None, ('the probe did not finish in {0} s (import torch, CUDA initialisation or the smoke test hung; '
+                      'look for a stuck driver or a GPU in a bad state)').format(timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith('{')]
+    try:
+        return json.loads(lines[-1]), None
+    except (IndexError, ValueError):
+        return None, 'the probe died (exit {0}): {1}'.format(proc.returncode, _tail(proc.stderr or proc.stdout))
+
+
+def _tail(text, lines=15):
+    return '\n'.join((text or '').strip().splitlines()[-lines:])
+
+
+def diagnose_devices(dev_dir='/dev', expect_count=None, expect_driver=None, driver=None):
+    """Which /dev/nvidia* exist here, what opening each gives and why, and what is missing."""
+    nodes = []
+    for path in sorted(glob.glob(os.path.join(dev_dir, 'nvidia*'))):
+        if os.path.isdir(path):
+            continue
+        result = _nvidia.probe_open(path)
+        item = {'path': path, 'open': result}
+        if result in ERRNO_WHY:
+            item['why'] = ERRNO_WHY[result]
+        nodes.append(item)
+    present = set(os.path.basename(n['path']) for n in nodes)
+    gpus = [n for n in present if re.match(r'^nvidia\d+$', n)]
+    missing = [name for name in ('nvidiactl', 'nvidia-uvm') if name not in present]
+    notes = []
+    if not nodes:
+        notes.append('no /dev/nvidia* device nodes: the container has no GPU passthrough')
+    else:
+        if missing:
+            notes.append('missing {0}: CUDA needs them (pass them through, and load nvidia-uvm on the node)'.format(
+                ', '.join('/dev/' + m for m in missing)))
+        if expect_count is not None and len(gpus) < expect_count:
+            notes.append('{0} GPU node(s) present, {1} expected: the container was given fewer GPUs'.format(
+                len(gpus), expect_count))
+        for why in sorted(set(n['why'] for n in nodes if 'why' in n)):
+            notes.append('{0}: {1}'.format(', '.join(n['path'] for n in nodes if n.get('why') == why), why))
+    if expect_driver and driver and driver != expect_driver:
+        notes.append('userspace driver {0} but the node runs kernel module {1}: they must be equal'.format(
+            driver, expect_driver))
+    elif expect_driver and not driver:
+        notes.append('no userspace driver (libcuda.so.1) loads in the container; the node runs {0}'.format(expect_driver))
+    return {'nodes': nodes, 'missing': missing, 'notes': notes}
+
+
+def expectations(params):
+    """[(check name, expected, probe key)] for the expectations set."""
+    out = []
+    for key, probe_key in (('expect_torch_version', 'torch_version'), ('expect_cuda_version', 'cuda_version'),
+                           ('expect_device_count', 'device_count'), ('expect_cudnn_version', 'cudnn_version'),
+                           ('expect_nccl_version', 'nccl_version'), ('expect_driver_version', 'driver_version')):
+        if params.get(key) is not None:
+            out.append((probe_key, params[key], probe_key))
+    return out
+
+
+def same(expected, actual):
+    if expected is None or actual is None:
+        return expected == actual
+    return str(expected) == str(actual)
+
+
+def verify(venv, params, dev_dir='/dev'):
+    """The facts and every failure ({check, expected, actual, why}); never changes anything."""
+    started = time.time()
+    options = dict((k, params.get(k)) for k in ('smoke', 'compile_check', 'compile_backend'))
+    probe, problem = run_probe(venv, options, params.get('timeout') or 300)
+    result = {'venv': venv, 'failures': [], 'timings': {}}
+    failures = result['failures']
+    if problem:
+        failures.append({'check': 'probe', 'expected': 'the probe runs', 'actual': problem})
+    elif 'import_error' in probe:
+        failures.append({'check': 'import', 'expected': 'import torch works', 'actual': probe['import_error']})
+    if problem or 'import_error' in (probe or {}):
+        try:
+            audit = _venv.audit(venv)
+            result['unresolved_libraries'] = audit['findings']['unresolved_libraries']
+            result['broken_distributions'] = audit['findings']['broken_distributions']
+            for u in result['unresolved_libraries']:
+                failures.append({'check': 'library', 'expected': u['soname'] + ' resolves',
+                                 'actual': 'not found (needed by {0}; provided by {1})'.format(
+                                     ', '.join(u['needed_by'][:3]), ', '.join(u['provided_by']) or 'no installed distribution')})
+        except (ValueError, IOError, OSError) as e:
+            result['audit_error'] = str(e)
+        probe = probe or {}
+    result.update((k, v) for k, v in probe.items() if k != 'timings')
+    result['timings'] = dict(probe.get('timings') or {})
+    if not problem and 'import_error' not in probe:
+        for check, expected, key in expectations(params):
+            actual = probe.get(key)
+            if not same(expected, actual):
+                failures.append({'check': check, 'expected': expected, 'actual': actual})
+        if params.get('require_cuda') and not probe.get('cuda_available'):
+            failures.append({'check': 'cuda_available', 'expected': True, 'actual': False,
+                             'why': probe.get('cuda_error') or (
+                                 'torch {0} is a CPU build (torch.version.cuda is None)'.format(probe.get('torch_version'))
+                                 if not probe.get('cuda_version') else 'torch.cuda.is_available() is False')})
+        for d in probe.get('devices') or []:
+            if not d.get('arch_supported', True):
+                failures.append({'check': 'arch', 'expected': 'sm_{0} in torch.cuda.get_arch_list()'.format(
+                    d['capability'].replace('.', '')), 'actual': probe.get('arch_list'), 'device': d['index']})
+            if 'matmul_rel_error' in d and not d['matmul_rel_error'] < 0.02:
+                failures.append({'check': 'matmul', 'expected': 'bf16 matmul within 2% of CPU', 'device': d['index'],
+                                 'actual': 'relative error {0:.4f}'.format(d['matmul_rel_error'])})
+            floor = params.get('min_tflops')
+            if floor and 'bf16_tflops' in d and d['bf16_tflops'] < floor:
+                failures.append({'check': 'tflops', 'expected': '>= {0}'.format(floor), 'actual': d['bf16_tflops'],
+                                 'device': d['index']})
+        if params.get('smoke') == 'matmul' and probe.get('cuda_available') and not probe.get('devices'):
+            failures.append({'check': 'matmul', 'expected': 'a device to run on', 'actual': 'none'})
+        if params.get('compile_check') and not probe.get('compile_ok'):
+            failures.append({'check': 'compile', 'expected': 'torch.compile works', 'actual': probe.get('compile_error')})
+    short = (params.get('require_cuda') and not probe.get('cuda_available')) or (
+        params.get('expect_device_count') is not None and (probe.get('device_count') or 0) < params['expect_device_count'])
+    driver_off = params.get('expect_driver_version') and probe.get('driver_version') != params['expect_driver_version']
+    if short or driver_off:
+        result['diagnosis'] = diagnose_devices(dev_dir, params.get('expect_device_count'),
+                                               params.get('expect_driver_version'), probe.get('driver_version'))
+    result['timings']['total_s'] = round(time.time() - started, 3)
+    return result
+
+
+def message(result):
+    parts = []
+    for f in result['failures']:
+        text = '{0}: expected {1}, got {2}'.format(f['check'], f['expected'], f['actual'])
+        if 'device' in f:
+            text = 'device {0} {1}'.format(f['device'], text)
+        parts.append(text)
+    notes = (result.get('diagnosis') or {}).get('notes') or []
+    return '; '.join(parts) + ('. Diagnosis: ' + '; '.join(notes) if notes else '')
+
+
+def audit_count(findings):
+    findings = findings or {}
+    drift = findings.get('drift') or {}
+    return sum(len(findings.get(k) or []) for k in ('broken_distributions', 'collisions', 'unresolved_libraries')) + \
+        sum(len(v) for v in drift.values())
+
+
+def summary(reports):
+    """The fleet's verification at a glance: one row per container report (verify role's verify_report)."""
+    rows = []
+    for r in reports:
+        torch = r.get('torch') or {}
+        rows.append({
+            'host': r.get('host'), 'node': r.get('node'), 'vmid': r.get('vmid'), 'profile': r.get('profile'),
+            'ok': bool(r.get('ok')), 'torch_version': torch.get('torch_version'),
+            'cuda_version': torch.get('cuda_version'), 'cuda_available': torch.get('cuda_available'),
+            'devices_seen': torch.get('device_count'), 'devices_expected': (r.get('expected') or {}).get('device_count'),
+            'failures': ['{0}: expected {1}, got {2}'.format(f.get('check'), f.get('expected'), f.get('actual'))
+                         for f in torch.get('failures') or []],
+            'venv_findings': audit_count((r.get('audit') or {}).get('findings')),
+        })
+    return {'ok': all(row['ok'] for row in rows), 'containers': rows}

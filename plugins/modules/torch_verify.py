@@ -1,0 +1,180 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+module: torch_verify
+short_description: Assert what a training job needs of its torch venv, and say exactly what is wrong
+version_added: 0.1.0
+description:
+  - Runs a probe with the venv's interpreter in a subprocess with a timeout, so that an ImportError or a hang
+    is a finding, not a crash. It reads torch's version, CUDA version, whether CUDA is available, the devices
+    (name, compute capability, memory, whether torch was built for it), cuDNN and NCCL versions, and the
+    userspace driver version (from the libcuda.so.1 the process loads).
+  - Compares every expectation set and reports all failures at once, each with expected and actual.
+  - When C(import torch) fails, names every shared library of the venv that does not resolve, with the
+    distribution that should provide it.
+  - When CUDA is unavailable, devices are short or the driver differs, adds a device diagnosis - which
+    C(/dev/nvidia*) nodes exist, and for each whether opening it works, gives EPERM (passthrough or cgroup
+    wrong) or ENXIO/ENODEV (no driver behind it) - and the userspace driver against the node's.
+  - Changes nothing, so it runs in check mode too. The module itself uses only the standard library.
+author:
+  - gpufleet maintainers (@gpufleet)
+attributes:
+  check_mode:
+    support: full
+    description: Reads only.
+  diff_mode:
+    support: none
+    description: Nothing to show.
+options:
+  venv:
+    description: The venv (its directory or the symlink to it).
+    type: path
+    default: /root/venv
+  expect_torch_version:
+    description: C(torch.__version__) exactly (V(2.11.0+cu128)).
+    type: str
+  expect_cuda_version:
+    description: C(torch.version.cuda) (V(12.8)).
+    type: str
+  require_cuda:
+    description: Fail unless C(torch.cuda.is_available()).
+    type: bool
+    default: false
+  expect_device_count:
+    description: C(torch.cuda.device_count()).
+    type: int
+  expect_cudnn_version:
+    description: C(torch.backends.cudnn.version()) (V(91900) for 9.19.0).
+    type: int
+  expect_nccl_version:
+    description: C(torch.cuda.nccl.version()) as a dotted string (V(2.28.9)).
+    type: str
+  expect_driver_version:
+    description: The node's kernel module version (V(580.95.05)); the userspace driver must be the same.
+    type: str
+  smoke:
+    description: V(matmul) runs a bf16 matmul on each device, checked against the CPU, and measures bf16 TFLOPS.
+    type: str
+    choices: [none, matmul]
+    default: none
+  min_tflops:
+    description: A floor for each device's measured bf16 TFLOPS (with O(smoke=matmul)).
+    type: float
+  compile_check:
+    description: Compile and run a tiny function with C(torch.compile), in one thread.
+    type: bool
+    default: false
+  compile_backend:
+    description: The C(torch.compile) backend for O(compile_check).
+    type: str
+    default: inductor
+  dev_dir:
+    description: Where the device nodes are, for the diagnosis.
+    type: path
+    default: /dev
+  timeout:
+    description: Seconds the probe may take.
+    type: int
+    default: 300
+'''
+
+EXAMPLES = r'''
+- name: Verify the training venv
+  gpufleet.proxmox.torch_verify:
+    venv: /root/venv
+    expect_torch_version: 2.11.0+cu128
+    expect_cuda_version: "12.8"
+    require_cuda: true
+    expect_device_count: 4
+    expect_cudnn_version: 91900
+    expect_nccl_version: 2.28.9
+    expect_driver_version: 580.95.05
+    smoke: matmul
+'''
+
+RETURN = r'''
+torch_version:
+  description: C(torch.__version__).
+  returned: when torch imports
+  type: str
+cuda_version:
+  description: C(torch.version.cuda) (null for a CPU build).
+  returned: when torch imports
+  type: str
+cuda_available:
+  description: C(torch.cuda.is_available()).
+  returned: when torch imports
+  type: bool
+device_count:
+  description: C(torch.cuda.device_count()).
+  returned: when torch imports
+  type: int
+devices:
+  description: Per device - index, name, capability, memory_bytes, arch_supported; with the smoke test also
+    matmul_rel_error and bf16_tflops.
+  returned: when torch imports
+  type: list
+  elements: dict
+cudnn_version:
+  description: C(torch.backends.cudnn.version()).
+  returned: when torch imports
+  type: int
+nccl_version:
+  description: NCCL's version, dotted.
+  returned: when torch imports
+  type: str
+driver_version:
+  description: The userspace driver's version (from the loaded libcuda.so.1's file name).
+  returned: when torch imports
+  type: str
+timings:
+  description: Seconds for the import, CUDA initialisation, compile check and the whole probe.
+  returned: always
+  type: dict
+failures:
+  description: Every failed expectation - check, expected, actual (and device, why).
+  returned: always
+  type: list
+  elements: dict
+diagnosis:
+  description: Device nodes and what opening each gives (open, why), missing nodes, and notes in words.
+  returned: when CUDA is unavailable, devices are short or the driver differs
+  type: dict
+unresolved_libraries:
+  description: When torch does not import, the venv's shared libraries that do not resolve (soname, needed_by,
+    provided_by).
+  returned: when torch does not import
+  type: list
+  elements: dict
+'''
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _verify
+
+
+def main():
+    module = AnsibleModule(argument_spec=dict(
+        venv=dict(type='path', default='/root/venv'), expect_torch_version=dict(type='str'),
+        expect_cuda_version=dict(type='str'), require_cuda=dict(type='bool', default=False),
+        expect_device_count=dict(type='int'), expect_cudnn_version=dict(type='int'),
+        expect_nccl_version=dict(type='str'), expect_driver_version=dict(type='str'),
+        smoke=dict(type='str', choices=['none', 'matmul'], default='none'), min_tflops=dict(type='float'),
+        compile_check=dict(type='bool', default=False), compile_backend=dict(type='str', default='inductor'),
+        dev_dir=dict(type='path', default='/dev'), timeout=dict(type='int', default=300)),
+        supports_check_mode=True)
+    result = _verify.verify(module.params['venv'], module.params, module.params['dev_dir'])
+    if result['failures']:
+        module.fail_json(msg='torch_verify: {0}'.format(_verify.message(result)), changed=False, **result)
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == '__main__':
+    main()

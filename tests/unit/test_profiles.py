@@ -1,0 +1,47 @@
+"""Venv profiles: every shipped profile's input, lock and profile.yml agree, and disagreement is named."""
+
+import glob
+import os
+import shutil
+
+import pytest
+
+from gpufleet import profiles
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHIPPED = os.path.join(ROOT, 'roles', 'torch_venv', 'files', 'profiles')
+LOCKED = sorted(os.path.dirname(p) for p in glob.glob(os.path.join(SHIPPED, '*', 'requirements.lock')))
+
+
+@pytest.mark.parametrize('directory', LOCKED, ids=os.path.basename)
+def test_shipped_profiles_agree(directory):
+    assert profiles.check(directory) == []
+    with open(os.path.join(directory, 'requirements.lock')) as fh:
+        assert 'gpufleet profile lock roles/torch_venv/files/profiles/' in fh.read(500)
+
+
+def test_the_default_profile_pins_the_mission_stack():
+    meta = profiles.load(os.path.join(SHIPPED, 'default'))
+    assert meta['dependencies'] == ['torch==2.11.0+cu128', 'nvidia-cudnn-cu13==9.19.0.56',
+                                    'nvidia-cusparselt-cu13==0.8.0', 'nvidia-nccl-cu13==2.28.9',
+                                    'nvidia-nvshmem-cu13==3.4.5']
+    assert meta['overrides'] == ['nvidia-cudnn-cu13', 'nvidia-cusparselt-cu13', 'nvidia-nccl-cu13', 'nvidia-nvshmem-cu13']
+    assert meta['expect']['torch_version'] == '2.11.0+cu128' and meta['expect']['cudnn_version'] == 91900
+
+
+def test_disagreements_are_named(tmp_path):
+    d = tmp_path / 'cpu'
+    shutil.copytree(os.path.join(SHIPPED, 'cpu'), d)
+    text = (d / 'pyproject.toml').read_text()
+    (d / 'pyproject.toml').write_text(text.replace('"torch==2.13.0+cpu"', '"torch==2.13.1+cpu", "numpy>=2"'))
+    lock = (d / 'requirements.lock').read_text()
+    (d / 'requirements.lock').write_text(lock.replace('filelock==4.3.1 \\\n', 'filelock==4.3.1\n', 1).replace(
+        '    --hash=sha256:79e43df8e9fe509cd83a3899a7c186c8077cbbe4d200a1ed3705c2f3bb6bc487\n', '', 1))
+    (d / 'profile.yml').write_text((d / 'profile.yml').read_text().replace('overrides: []', 'overrides: [nvidia-x]'))
+    assert profiles.check(str(d)) == [
+        "requirements.lock: 'filelock==4.3.1' is not pinned with == and hashed",
+        'torch: pyproject.toml pins 2.13.1+cpu, the lock 2.13.0+cpu',
+        "pyproject.toml: 'numpy>=2' is not pinned with ==",
+        'profile.yml overrides nvidia-x, which the lock does not hold']
+    (d / 'requirements.lock').unlink()
+    assert profiles.check(str(d)) == ['no requirements.lock yet; make it with: gpufleet profile lock {0}'.format(d)]
