@@ -1,0 +1,133 @@
+"""torch_verify and the verify role on lab containers with the real CPU torch: the facts, every wrong
+expectation at once, the device diagnosis (ENXIO through passthrough, nodes missing without it, EPERM where
+the cgroup denies), a missing shared library named, and a hung probe timed out."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import Pve, _api
+from test_gpu_container_role import entry, site
+from test_pct_connection import inventory, run
+
+pytestmark = pytest.mark.lab
+
+GPU, CPU_ONLY = 331, 332
+FLEET = [entry(GPU, 'verify-gpu', [0, 1], memory=2048), entry(CPU_ONLY, 'verify-cpu', [], memory=2048)]
+
+
+@pytest.fixture(scope='module')
+def fleet(tmp_path_factory, creds, lab):
+    """Both containers with their venvs and the verify stage, made once for this module."""
+    pve = Pve(_api(creds, user='root@pam', password=creds['api_password']), creds['node'])
+    pve.made.extend([GPU, CPU_ONLY])
+    tmp = tmp_path_factory.mktemp('verify-site')
+    reports = tmp / 'reports'
+    result = site(tmp, FLEET, venv=True, verify_report_dir=str(reports))
+    assert result.rc == 0, result.stdout[-4000:]
+    yield {'site': result, 'reports': reports, 'pve': pve}
+    pve.cleanup()
+
+
+def verify(tmp_path, creds, vmid, fail=False, **options):
+    options.setdefault('venv', '/root/venv')
+    inv = inventory(tmp_path, creds, vmid, ansible_pct_local=True, ansible_pct_node=None)
+    task = {'gpufleet.proxmox.torch_verify': options, 'ignore_errors': True}
+    res = run(tmp_path, inv, [task]).task(0, 'ct')
+    assert bool(res.get('failed')) == fail, res
+    assert res['changed'] is False
+    return res
+
+
+def test_the_verify_stage_wrote_reports(fleet):
+    summary = json.loads((fleet['reports'] / 'summary.json').read_text())
+    assert summary['ok'] is True
+    rows = {r['host']: r for r in summary['containers']}
+    assert set(rows) == {'verify-gpu', 'verify-cpu'}
+    assert rows['verify-gpu']['torch_version'] == '2.13.0+cpu' and rows['verify-gpu']['profile'] == 'cpu'
+    assert rows['verify-gpu']['vmid'] == GPU and rows['verify-gpu']['venv_findings'] == 0
+    report = json.loads((fleet['reports'] / 'verify-gpu.json').read_text())
+    assert report['expected']['torch_version'] == '2.13.0+cpu' and report['audit']['healthy'] is True
+    assert oct(os.stat(fleet['reports'] / 'verify-gpu.json').st_mode & 0o777) == '0o600'
+
+
+def test_passing_expectations_return_the_facts(fleet, tmp_path, creds):
+    res = verify(tmp_path, creds, GPU, expect_torch_version='2.13.0+cpu', expect_device_count=0,
+                 expect_driver_version='580.95.05', compile_check=True, compile_backend='aot_eager')
+    assert res['failures'] == [] and res['torch_version'] == '2.13.0+cpu' and res['cuda_version'] is None
+    assert res['cuda_available'] is False and res['device_count'] == 0 and res['devices'] == []
+    assert res['driver_version'] == '580.95.05'  # the node's driver, bound in by gpu_container
+    assert res['compile_ok'] is True and res['timings']['import_s'] > 0 and 'diagnosis' not in res
+
+
+def test_wrong_expectations_fail_all_at_once(fleet, tmp_path, creds):
+    res = verify(tmp_path, creds, GPU, fail=True, expect_torch_version='2.11.0+cu128', expect_cuda_version='12.8',
+                 expect_cudnn_version=91900, expect_nccl_version='2.28.9', expect_driver_version='570.1')
+    assert res['failures'] == [
+        {'check': 'torch_version', 'expected': '2.11.0+cu128', 'actual': '2.13.0+cpu'},
+        {'check': 'cuda_version', 'expected': '12.8', 'actual': None},
+        {'check': 'cudnn_version', 'expected': 91900, 'actual': None},
+        {'check': 'nccl_version', 'expected': '2.28.9', 'actual': None},
+        {'check': 'driver_version', 'expected': '570.1', 'actual': '580.95.05'}]
+    assert 'torch_version: expected 2.11.0+cu128, got 2.13.0+cpu' in res['msg']
+    assert 'userspace driver 580.95.05 but the node runs kernel module 570.1' in res['msg']
+
+
+def test_require_cuda_diagnoses_passed_through_stand_ins_as_enxio(fleet, tmp_path, creds):
+    res = verify(tmp_path, creds, GPU, fail=True, require_cuda=True, expect_device_count=2)
+    (cuda,) = [f for f in res['failures'] if f['check'] == 'cuda_available']
+    assert 'CPU build' in cuda['why']
+    nodes = {os.path.basename(n['path']): n['open'] for n in res['diagnosis']['nodes']}
+    assert nodes == {'nvidia0': 'ENXIO', 'nvidia1': 'ENXIO', 'nvidiactl': 'ENXIO', 'nvidia-uvm': 'ENXIO',
+                     'nvidia-uvm-tools': 'ENXIO', 'nvidia-modeset': 'ENXIO'}
+    assert any('no driver behind the node' in n for n in res['diagnosis']['notes'])
+
+
+def test_a_container_without_passthrough_has_no_nodes(fleet, tmp_path, creds):
+    res = verify(tmp_path, creds, CPU_ONLY, fail=True, require_cuda=True, expect_device_count=1)
+    assert res['diagnosis']['nodes'] == []
+    assert res['diagnosis']['notes'] == ['no /dev/nvidia* device nodes: the container has no GPU passthrough']
+
+
+def test_a_node_the_cgroup_denies_is_eperm(fleet, tmp_path, creds, lab, node_ssh):
+    pve = fleet['pve']
+    conf = os.path.join(lab.root, 'etc', 'pve', 'nodes', 'pve1', 'lxc', '{0}.conf'.format(CPU_ONLY))
+    line = 'lxc.mount.entry: /dev/nvidia5 dev/nvidia5 none bind,optional,create=file'
+    pve.stop(CPU_ONLY)
+    assert node_ssh("echo '{0}' >> {1}".format(line, conf)).returncode == 0
+    pve.start(CPU_ONLY)
+    try:
+        res = verify(tmp_path, creds, CPU_ONLY, fail=True, require_cuda=True)
+        assert res['diagnosis']['nodes'] == [{'path': '/dev/nvidia5', 'open': 'EPERM', 'why': (
+            "the container's device cgroup denies it (passthrough or cgroup rules wrong)")}]
+        assert res['diagnosis']['missing'] == ['nvidiactl', 'nvidia-uvm']
+    finally:
+        pve.stop(CPU_ONLY)
+        node_ssh("sed -i '\\#{0}#d' {1}".format(line, conf))
+        pve.start(CPU_ONLY)
+
+
+def test_a_missing_library_is_named_with_its_distribution(fleet, tmp_path, creds):
+    lib = '/root/venv/lib/python3.11/site-packages/torch/lib/libc10.so'
+    assert subprocess.run(['pct', 'exec', str(GPU), '--', 'mv', lib, lib + '.away']).returncode == 0
+    try:
+        res = verify(tmp_path, creds, GPU, fail=True, expect_torch_version='2.13.0+cpu')
+        assert res['failures'][0]['check'] == 'import' and 'libc10.so' in res['failures'][0]['actual']
+        (c10,) = [u for u in res['unresolved_libraries'] if u['soname'] == 'libc10.so']
+        assert c10['provided_by'] == ['torch'] and 'torch/lib/libtorch_cpu.so' in c10['needed_by']
+        assert {'check': 'library', 'expected': 'libc10.so resolves'}.items() <= [
+            f for f in res['failures'] if f['check'] == 'library'][0].items()
+    finally:
+        subprocess.run(['pct', 'exec', str(GPU), '--', 'mv', lib + '.away', lib], check=True)
+
+
+def test_a_hung_probe_times_out(fleet, tmp_path, creds):
+    made = subprocess.run(['pct', 'exec', str(GPU), '--', 'sh', '-c',
+                           'python3 -m venv --without-pip /tmp/hung && mkdir -p /tmp/hung/lib/python3.11/site-packages/torch '
+                           '&& echo "import time; time.sleep(600)" > /tmp/hung/lib/python3.11/site-packages/torch/__init__.py'])
+    assert made.returncode == 0
+    res = verify(tmp_path, creds, GPU, fail=True, venv='/tmp/hung', timeout=3)
+    assert res['failures'][0]['check'] == 'probe'
+    assert 'the probe did not finish in 3 s' in res['failures'][0]['actual']
