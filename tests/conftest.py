@@ -167,7 +167,7 @@ def run_playbook(playbook, tmp_path, *args, inventory=None, env=None):
     bin_dir = os.path.dirname(__import__('sys').executable)
     full_env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, 'ansible.cfg'), ANSIBLE_STDOUT_CALLBACK='results_json',
                     ANSIBLE_CALLBACK_PLUGINS=os.path.join(ROOT, 'tests', 'plugins', 'callback'), PATH=bin_dir + ':' + os.environ.get('PATH', ''),
-                    ANSIBLE_NOCOLOR='1')
+                    ANSIBLE_NOCOLOR='1', GPUFLEET_REPORT_DIR=str(tmp_path / 'reports'))
     full_env.update(env or {})
     argv = [os.path.join(bin_dir, 'ansible-playbook'), '-i', inventory or os.path.join(ROOT, 'inventories', 'lab'),
             str(path)] + list(args)
