@@ -17,7 +17,7 @@ description:
     jobs use, C(/root/venv)) is a symlink to the active one.
   - A new venv is built beside the active one with uv, C(--require-hashes --no-deps), in two installs - first
     everything but the O(overrides), then the overrides, so that their bytes are the ones left at the paths
-    they share with other distributions. It is then audited (as M(gpufleet.proxmox.venv_audit) does: RECORD
+    they share with other distributions. It is then audited as M(gpufleet.proxmox.venv_audit) does (RECORD
     files, undeclared collisions, the ELF closure, drift against the lock) and the O(imports) are imported
     with its Python. Only then is the link switched, in one rename.
   - A failed build or check removes the new venv, leaves the active one untouched and fails saying why.
