@@ -18,14 +18,8 @@ description:
 author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
+  - gpufleet.proxmox.read_only
   - gpufleet.proxmox.pve
-attributes:
-  check_mode:
-    support: full
-    description: Reads only.
-  diff_mode:
-    support: none
-    description: Nothing to show.
 options: {}
 '''
 

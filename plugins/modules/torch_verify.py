@@ -25,13 +25,8 @@ description:
   - Changes nothing, so it runs in check mode too. The module itself uses only the standard library.
 author:
   - gpufleet maintainers (@gpufleet)
-attributes:
-  check_mode:
-    support: full
-    description: Reads only.
-  diff_mode:
-    support: none
-    description: Nothing to show.
+extends_documentation_fragment:
+  - gpufleet.proxmox.read_only
 options:
   venv:
     description: The venv (its directory or the symlink to it).

@@ -21,13 +21,8 @@ description:
   - Changes nothing. Uses only the Python standard library, so it runs with the target's system Python.
 author:
   - gpufleet maintainers (@gpufleet)
-attributes:
-  check_mode:
-    support: full
-    description: Reads only.
-  diff_mode:
-    support: none
-    description: Nothing to show.
+extends_documentation_fragment:
+  - gpufleet.proxmox.read_only
 options:
   venv:
     description: The venv (its directory, or the symlink to it).
