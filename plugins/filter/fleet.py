@@ -7,7 +7,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _fleet, _verify
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _drift, _fleet, _verify
 
 
 def fleet_errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, passthrough='auto'):
@@ -30,7 +30,22 @@ def fleet_verify_summary(reports):
     return _verify.summary(reports)
 
 
+def fleet_drift(data, kind, *args):
+    """kind node: data = gpu_devices facts, args = (bundle result,); containers: data = lxc_container result,
+    args = (fleet,); container: data = {driver, build, audit, report}; summary: data = {nodes, containers},
+    args = (check_mode,)."""
+    if kind == 'node':
+        return _drift.node(data, *args)
+    if kind == 'containers':
+        return _drift.containers(data, *args)
+    if kind == 'container':
+        return _drift.container(**data)
+    if kind == 'summary':
+        return _drift.summary(data.get('nodes'), data.get('containers'), *args)
+    raise ValueError('fleet_drift: kind must be node, containers, container or summary, got {0!r}'.format(kind))
+
+
 class FilterModule(object):
     def filters(self):
         return {'fleet_errors': fleet_errors, 'fleet_specs': fleet_specs, 'fleet_raw': fleet_raw, 'fleet_power': fleet_power,
-                'fleet_verify_summary': fleet_verify_summary}
+                'fleet_verify_summary': fleet_verify_summary, 'fleet_drift': fleet_drift}

@@ -1,0 +1,97 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Drift in words: what each stage of a site run found different from the fleet definition (in check mode:
+what a repair run would change), as items {stage, item, detail} per node and per container."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+
+def _item(stage, item, detail, **extra):
+    out = {'stage': stage, 'item': item, 'detail': detail}
+    out.update(extra)
+    return out
+
+
+def node(gpu_devices, bundle=None, shares=None):
+    """A node's drift: gpu_devices' findings (nvidia-uvm not loaded, its nodes missing or stale, no driver),
+    a driver bundle that had to be (re)gathered, and shared directories that had to be made."""
+    items = [_item('node', f.get('code'), f.get('message') or f.get('fix') or '')
+             for f in (gpu_devices or {}).get('findings') or []]
+    if (bundle or {}).get('changed'):
+        items.append(_item('node', 'driver_bundle', 'the driver bundle {0} was out of date'.format(bundle.get('path'))))
+    for r in (shares or {}).get('results') or []:
+        if r.get('changed'):
+            items.append(_item('node', 'share', 'the shared directory {0} was missing or had the wrong owner'.format(
+                r.get('path'))))
+    return items
+
+
+def containers(reconcile, fleet):
+    """{container hostname: items} from gpu_container's lxc_container result: config keys that differ (before
+    and after), a container to create, a power state to change, changes waiting for a restart."""
+    names = dict((e.get('vmid'), e.get('hostname')) for e in fleet or [])
+    diffs = (reconcile or {}).get('diff') or []
+    diffs = dict((d.get('before_header'), d) for d in ([diffs] if isinstance(diffs, dict) else diffs))
+    out = {}
+    for res in (reconcile or {}).get('containers') or []:
+        vmid = res.get('vmid')
+        items = []
+        diff = diffs.get('CT {0}'.format(vmid)) or {}
+        before, after = diff.get('before') or {}, diff.get('after') or {}
+        if res.get('created'):
+            items.append(_item('container', 'missing', 'CT {0} does not exist'.format(vmid)))
+        else:
+            for key in res.get('changed_keys') or []:
+                items.append(_item('container', key, 'config {0} differs'.format(key),
+                                   before=before.get(key), after=after.get(key)))
+        if res.get('power'):
+            was = before.get('status') or 'absent'
+            items.append(_item('container', 'power', 'CT {0} is {1}: {2} it'.format(vmid, was, res['power']),
+                               before=was, after=after.get('status') or 'running'))
+        if res.get('restart_required'):
+            items.append(_item('container', 'pending', 'changes wait for a restart: {0}'.format(
+                ', '.join(res.get('pending') or []))))
+        out[names.get(vmid) or str(vmid)] = items
+    return out
+
+
+def container(driver=None, build=None, audit=None, report=None):
+    """A running container's own drift: its userspace driver, its venv against its lock, its verification."""
+    items = []
+    if driver and driver.get('match') in (False, 'False') and driver.get('node_version'):
+        items.append(_item('driver', 'userspace_driver', 'libcuda {0} but the node runs {1}'.format(
+            driver.get('version') or 'none', driver.get('node_version'))))
+    if build and build.get('built'):
+        items.append(_item('venv', 'lock', 'no venv of its lock yet: build {0}'.format(build.get('id'))))
+    elif build and build.get('switched'):
+        items.append(_item('venv', 'active', 'the active venv is not its lock\'s: switch to {0}'.format(build.get('id'))))
+    findings = (audit or {}).get('findings') or {}
+    for b in findings.get('broken_distributions') or []:
+        items.append(_item('venv', 'broken_distribution', '{0} {1}: {2} file(s) missing, {3} changed'.format(
+            b['name'], b['version'], len(b['missing']), len(b['modified'])), files=b['missing'] + b['modified']))
+    for c in findings.get('collisions') or []:
+        items.append(_item('venv', 'collision', '{0} is claimed by {1}, bytes of {2}'.format(
+            c['path'], ', '.join(c['claimed_by']), c.get('on_disk'))))
+    for u in findings.get('unresolved_libraries') or []:
+        items.append(_item('venv', 'unresolved_library', '{0} needed by {1} is not found (provided by {2})'.format(
+            u['soname'], ', '.join(u['needed_by'][:3]), ', '.join(u.get('provided_by') or []) or 'nothing installed')))
+    for kind, entries in sorted((findings.get('drift') or {}).items()):
+        for e in entries:
+            items.append(_item('venv', kind.rstrip('s') if kind != 'missing' else 'missing_package',
+                               '{0} {1}'.format(e['name'], e.get('version') or '{0} (locked {1})'.format(
+                                   e.get('installed'), e.get('locked')))))
+    for f in ((report or {}).get('torch') or {}).get('failures') or []:
+        items.append(_item('verify', f.get('check'), 'expected {0}, got {1}'.format(f.get('expected'), f.get('actual'))))
+    return items
+
+
+def summary(nodes, containers, check_mode):
+    """The fleet's drift report: every node's and container's items, and counts."""
+    hosts = dict(('node/' + k, v) for k, v in (nodes or {}).items())
+    hosts.update(('container/' + k, v) for k, v in (containers or {}).items())
+    return {'mode': 'check' if check_mode else 'repair', 'drift': any(hosts.values()),
+            'count': sum(len(v) for v in hosts.values()),
+            'nodes': nodes or {}, 'containers': containers or {}}

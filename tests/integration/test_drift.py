@@ -1,0 +1,127 @@
+"""playbooks/drift.yml on the lab: the incident (the cu13-flavour runtime wheels uninstalled from a venv
+holding the real CPU torch and a fake torch extension built with gcc), a contaminant package, cores changed
+through the API, a devN deleted and a container stopped. --check reports every item and changes nothing;
+a plain run repairs all of it and verifies; the next check is clean."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import ROOT, Pve, _api, run_playbook
+from fakewheels import lock, wheels  # noqa: F401 (a fixture)
+from test_gpu_container_role import entry
+
+pytestmark = pytest.mark.lab
+
+A, B = 351, 352
+DRIFT = os.path.join(ROOT, 'playbooks', 'drift.yml')
+CPU = os.path.join(ROOT, 'roles', 'torch_venv', 'files', 'profiles', 'cpu')
+INSTALL = '/opt/gpufleet/uv/0.13.9/bin/uv pip install --python /root/venv/bin/python --offline --no-index ' \
+    '--find-links /opt/gpufleet/wheelhouse --no-deps {0}'
+FAKES = ('fake_rt_cu12', 'fake_rt_cu13', 'fake_torch', 'fake_contaminant', 'fake_extra')
+
+
+def incident_profile(directory, wheels_dir):
+    """The CPU torch lock plus the incident's runtime pair (cu13 declared as the override) and fake torch."""
+    os.makedirs(directory)
+    shutil.copy(os.path.join(CPU, 'pyproject.toml'), directory)
+    fakes = lock(wheels_dir, os.path.join(directory, 'fakes.lock'), 'fake-rt-cu12==1.0', 'fake-rt-cu13==1.0',
+                 'fake-torch==1.0')
+    with open(os.path.join(CPU, 'requirements.lock')) as a, open(fakes) as b:
+        text = a.read() + b.read()
+    os.unlink(fakes)
+    with open(os.path.join(directory, 'requirements.lock'), 'w') as fh:
+        fh.write(text)
+    with open(os.path.join(directory, 'profile.yml'), 'w') as fh:
+        fh.write('---\npython: "3.11"\nplatform: x86_64-manylinux_2_28\noverrides: [fake-rt-cu13]\ninstall_args: []\n'
+                 'imports: [torch, fake_torch]\nexpect: {torch_version: 2.13.0+cpu}\n')
+    return directory
+
+
+def drift(tmp_path, fleet, *args):
+    path = tmp_path / 'drift-vars.json'
+    path.write_text(json.dumps({'gpufleet_containers': fleet}))
+    return run_playbook(open(DRIFT).read(), tmp_path, '-e', '@' + str(path), *args)
+
+
+def sh(vmid, cmd):
+    return subprocess.run(['pct', 'exec', str(vmid), '--', 'sh', '-c', cmd], capture_output=True, text=True)
+
+
+def flavour():
+    out = sh(A, '/root/venv/bin/python -c "import torch, fake_torch; print(fake_torch.FLAVOUR)"')
+    return out.stdout.strip() if out.returncode == 0 else 'FAILED'
+
+
+def summary(tmp_path):
+    return json.loads((tmp_path / 'reports' / 'drift' / 'summary.json').read_text())
+
+
+@pytest.fixture(scope='module')
+def fleet(tmp_path_factory, wheels, creds, lab):
+    pve = Pve(_api(creds, user='root@pam', password=creds['api_password']), creds['node'])
+    pve.made.extend([A, B])
+    tmp = tmp_path_factory.mktemp('drift')
+    for name in os.listdir(wheels):  # the incident's wheels, into the node's wheelhouse
+        shutil.copy(os.path.join(wheels, name), lab.wheelhouse)
+    fleet = [entry(A, 'drift-a', [0, 1], memory=2048, venv_profile=incident_profile(str(tmp / 'incident'), wheels)),
+             entry(B, 'drift-b', [2], memory=2048)]
+    first = drift(tmp, fleet)
+    assert first.rc == 0, first.stdout[-4000:]
+    yield {'fleet': fleet, 'pve': pve}
+    pve.cleanup()
+    for name in os.listdir(lab.wheelhouse):
+        if name.startswith(FAKES):
+            os.unlink(os.path.join(lab.wheelhouse, name))
+
+
+def test_check_reports_every_injected_item_and_changes_nothing_then_a_run_repairs(fleet, tmp_path, control):
+    pve = fleet['pve']
+    assert flavour() == 'cu13'
+    # the incident, then a contaminant
+    assert sh(A, '/opt/gpufleet/uv/0.13.9/bin/uv pip uninstall --python /root/venv/bin/python fake-rt-cu13').returncode == 0
+    assert flavour() == 'FAILED'
+    assert sh(A, INSTALL.format('fake-contaminant==2.0')).returncode == 0
+    # cores changed through the API, a devN deleted, a container stopped
+    pve.ct(A).config.put(cores=2)  # the fleet says 1
+    pve.ct(B).config.put(delete='dev0')
+    pve.stop(B)
+    control.clear_requests()
+
+    check = drift(tmp_path, fleet['fleet'], '--check', '--diff')
+    assert check.rc == 0, check.stdout[-4000:]
+    assert control.mutating_requests() == []
+    assert flavour() == 'FAILED' and pve.status(B) == 'stopped' and pve.ct(A).config.get()['cores'] == 2
+    report = summary(tmp_path)
+    assert report['drift'] is True and report['mode'] == 'check'
+    a = [(i['stage'], i['item']) for i in report['containers']['drift-a']]
+    assert ('container', 'cores') in a
+    assert [i['detail'].split()[0] for i in report['containers']['drift-a'] if i['item'] == 'unresolved_library'] == \
+        ['libfakeb.so.1', 'libfakec.so.1']  # libfakea.so.1 is there again: the contaminant's bytes
+    (collision,) = [i for i in report['containers']['drift-a'] if i['item'] == 'collision']
+    assert collision['detail'] == ('nvidia/fakert/lib/libfakea.so.1 is claimed by fake-contaminant, fake-rt-cu12, '
+                                   'bytes of fake-contaminant')
+    assert ('venv', 'broken_distribution') in a
+    assert ('venv', 'extra') in a and ('venv', 'missing_package') in a
+    cores = [i for i in report['containers']['drift-a'] if i['item'] == 'cores'][0]
+    assert (cores['before'], cores['after']) == (2, 1)
+    b = [(i['stage'], i['item']) for i in report['containers']['drift-b']]
+    assert ('container', 'dev0') in b and ('container', 'power') in b
+    per_host = json.loads((tmp_path / 'reports' / 'drift' / 'drift-b.json').read_text())
+    assert per_host['drift'] is True and per_host['kind'] == 'container'
+
+    fix = drift(tmp_path, fleet['fleet'])
+    assert fix.rc == 0, fix.stdout[-4000:]
+    assert flavour() == 'cu13'
+    assert pve.status(B) == 'running' and pve.ct(A).config.get()['cores'] == 1
+    assert 'dev0' in pve.ct(B).config.get()
+    verified = json.loads((tmp_path / 'reports' / 'summary.json').read_text())
+    assert verified['ok'] is True and {r['host'] for r in verified['containers']} == {'drift-a', 'drift-b'}
+
+    clean = drift(tmp_path, fleet['fleet'], '--check')
+    assert clean.rc == 0
+    assert summary(tmp_path)['drift'] is False, summary(tmp_path)
+    assert all(s['changed'] == 0 for s in clean.stats.values()), clean.stats
