@@ -2,13 +2,21 @@
 nvidia/fakert/lib/lib{a,b,c}.so.1, and an extension that needs all three through an $ORIGIN RPATH,
 as torch's libraries do. The incident at small scale."""
 
+import argparse
 import base64
 import hashlib
 import os
+import shutil
 import subprocess
+import tempfile
 import zipfile
 
 import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CPU = os.path.join(ROOT, 'roles', 'torch_venv', 'files', 'profiles', 'cpu')
+# The wheels build_wheels makes, by file name prefix.
+FAKES = ('fake_rt_cu12', 'fake_rt_cu13', 'fake_torch', 'fake_contaminant', 'fake_extra')
 
 LIBS = ('libfakea.so.1', 'libfakeb.so.1', 'libfakec.so.1')
 LIBDIR = 'nvidia/fakert/lib'
@@ -45,8 +53,11 @@ def wheel(where, dist, version, files):
 
 @pytest.fixture(scope='module')
 def wheels(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp('wheels'))
-    build = str(tmp_path_factory.mktemp('build'))
+    return build_wheels(str(tmp_path_factory.mktemp('wheels')), str(tmp_path_factory.mktemp('build')))
+
+
+def build_wheels(d, build):
+    """The incident's wheels into d (gcc builds the libraries in build)."""
     flavours = {}
     for flavour in ('cu12', 'cu13'):
         flavours[flavour] = dict(('{0}/{1}'.format(LIBDIR, lib), gcc(os.path.join(build, flavour + lib), (
@@ -83,3 +94,45 @@ def lock(wheels_dir, path, *names):
     with open(path, 'w') as fh:
         fh.write('# hash-locked\n' + ''.join(lines))
     return str(path)
+
+
+def incident_profile(directory, wheels_dir):
+    """A venv profile: the lab's CPU torch lock plus the incident's runtime pair (cu13 declared as the
+    override) and the fake torch extension that needs it."""
+    os.makedirs(directory)
+    shutil.copy(os.path.join(CPU, 'pyproject.toml'), directory)
+    fakes = lock(wheels_dir, os.path.join(directory, 'fakes.lock'), 'fake-rt-cu12==1.0', 'fake-rt-cu13==1.0',
+                 'fake-torch==1.0')
+    with open(os.path.join(CPU, 'requirements.lock')) as a, open(fakes) as b:
+        text = a.read() + b.read()
+    os.unlink(fakes)
+    with open(os.path.join(directory, 'requirements.lock'), 'w') as fh:
+        fh.write(text)
+    with open(os.path.join(directory, 'profile.yml'), 'w') as fh:
+        fh.write('---\npython: "3.11"\nplatform: x86_64-manylinux_2_28\noverrides: [fake-rt-cu13]\ninstall_args: []\n'
+                 'imports: [torch, fake_torch]\nexpect: {torch_version: 2.13.0+cpu}\n')
+    return directory
+
+
+def main():
+    """Outside pytest (molecule's drift scenario): the wheels into a wheelhouse, the profile beside."""
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--wheelhouse', required=True)
+    parser.add_argument('--profile', required=True)
+    args = parser.parse_args()
+    made = tempfile.mkdtemp()
+    build = tempfile.mkdtemp()
+    try:
+        build_wheels(made, build)
+        for name in os.listdir(made):
+            shutil.copy(os.path.join(made, name), args.wheelhouse)
+        if os.path.exists(args.profile):
+            shutil.rmtree(args.profile)
+        incident_profile(args.profile, made)
+    finally:
+        shutil.rmtree(made)
+        shutil.rmtree(build)
+
+
+if __name__ == '__main__':
+    main()

@@ -11,34 +11,15 @@ import subprocess
 import pytest
 
 from conftest import ROOT, Pve, _api, run_playbook
-from fakewheels import lock, wheels  # noqa: F401 (a fixture)
+from fakewheels import FAKES, incident_profile, wheels  # noqa: F401 (a fixture)
 from test_gpu_container_role import entry
 
 pytestmark = pytest.mark.lab
 
 A, B = 351, 352
 DRIFT = os.path.join(ROOT, 'playbooks', 'drift.yml')
-CPU = os.path.join(ROOT, 'roles', 'torch_venv', 'files', 'profiles', 'cpu')
 INSTALL = '/opt/gpufleet/uv/0.13.9/bin/uv pip install --python /root/venv/bin/python --offline --no-index ' \
     '--find-links /opt/gpufleet/wheelhouse --no-deps {0}'
-FAKES = ('fake_rt_cu12', 'fake_rt_cu13', 'fake_torch', 'fake_contaminant', 'fake_extra')
-
-
-def incident_profile(directory, wheels_dir):
-    """The CPU torch lock plus the incident's runtime pair (cu13 declared as the override) and fake torch."""
-    os.makedirs(directory)
-    shutil.copy(os.path.join(CPU, 'pyproject.toml'), directory)
-    fakes = lock(wheels_dir, os.path.join(directory, 'fakes.lock'), 'fake-rt-cu12==1.0', 'fake-rt-cu13==1.0',
-                 'fake-torch==1.0')
-    with open(os.path.join(CPU, 'requirements.lock')) as a, open(fakes) as b:
-        text = a.read() + b.read()
-    os.unlink(fakes)
-    with open(os.path.join(directory, 'requirements.lock'), 'w') as fh:
-        fh.write(text)
-    with open(os.path.join(directory, 'profile.yml'), 'w') as fh:
-        fh.write('---\npython: "3.11"\nplatform: x86_64-manylinux_2_28\noverrides: [fake-rt-cu13]\ninstall_args: []\n'
-                 'imports: [torch, fake_torch]\nexpect: {torch_version: 2.13.0+cpu}\n')
-    return directory
 
 
 def drift(tmp_path, fleet, *args):
@@ -125,3 +106,35 @@ def test_check_reports_every_injected_item_and_changes_nothing_then_a_run_repair
     assert clean.rc == 0
     assert summary(tmp_path)['drift'] is False, summary(tmp_path)
     assert all(s['changed'] == 0 for s in clean.stats.values()), clean.stats
+
+
+def play(name, tmp_path, fleet, *args):
+    path = tmp_path / 'play-vars.json'
+    path.write_text(json.dumps({'gpufleet_containers': fleet}))
+    return run_playbook(open(os.path.join(ROOT, 'playbooks', name)).read(), tmp_path, '-e', '@' + str(path), *args)
+
+
+def test_verify_playbook_changes_nothing(fleet, tmp_path, control):
+    control.clear_requests()
+    r = play('verify.yml', tmp_path, fleet['fleet'])
+    assert r.rc == 0, r.stdout[-3000:]
+    assert control.mutating_requests() == []
+    assert all(s['changed'] == 0 for s in r.stats.values()), r.stats
+    verified = json.loads((tmp_path / 'reports' / 'summary.json').read_text())
+    assert verified['ok'] and sorted(c['host'] for c in verified['containers']) == ['drift-a', 'drift-b']
+
+
+def test_teardown_needs_its_confirmation(fleet, tmp_path, control):
+    pve = fleet['pve']
+    control.clear_requests()
+    refused = play('teardown.yml', tmp_path, fleet['fleet'])
+    assert refused.rc != 0 and 'gpufleet_teardown_confirm={0},{1}'.format(A, B) in refused.stdout
+    wrong = play('teardown.yml', tmp_path, fleet['fleet'], '-e', 'gpufleet_teardown_confirm={0}'.format(A))
+    assert wrong.rc != 0 and '(got {0})'.format(A) in wrong.stdout
+    dry = play('teardown.yml', tmp_path, fleet['fleet'], '--check')
+    assert dry.rc == 0 and dry.stats['pve1']['changed'] == 1
+    assert control.mutating_requests() == [] and pve.status(A) == 'running' and pve.status(B) == 'running'
+    done = play('teardown.yml', tmp_path, fleet['fleet'], '-e', 'gpufleet_teardown_confirm={0},{1}'.format(A, B))
+    assert done.rc == 0, done.stdout[-3000:]
+    vmids = [g['vmid'] for g in pve.api.cluster.resources.get(type='vm')]
+    assert A not in vmids and B not in vmids
