@@ -1,6 +1,7 @@
 # gpufleet.proxmox — everything runs from this checkout, as root, on Debian 12 / Ubuntu 24.04.
 #   make demo   install what is needed, bring the lab up, run site.yml on it
-#   make test   every test: unit, lab integration, ansible-lint (production profile), ansible-test sanity
+#   make test   every test: unit, lab integration, molecule scenarios, ansible-lint (production profile),
+#               ansible-test sanity
 PYTHON ?= python3
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
@@ -10,13 +11,13 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 APT_PACKAGES := python3 python3-venv python3-dev gcc lxc debootstrap openssh-server openssh-client \
 	nftables iproute2 uidmap ca-certificates shellcheck
 
-.PHONY: demo test deps venv lab-up lab-down lab-status unit integration lint sanity bench clean
+.PHONY: demo test deps venv lab-up lab-down lab-status unit integration molecule lint sanity bench clean
 
 demo: deps venv lab-up
 	ansible-playbook -i inventories/lab site.yml
 	gpufleet lab status
 
-test: deps venv lab-up unit integration lint sanity
+test: deps venv lab-up unit integration molecule lint sanity
 
 deps:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
@@ -49,6 +50,9 @@ unit: venv
 integration: venv lab-up
 	python -m pytest -q tests/integration
 
+molecule: venv lab-up
+	molecule test --all
+
 lint: venv
 	ansible-lint --profile production
 
@@ -58,6 +62,7 @@ sanity: venv
 bench: venv lab-up
 	python bench/lab_bench.py
 	python bench/reconcile_bench.py
+	python bench/venv_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
