@@ -500,7 +500,7 @@ class Reconciler(object):
         if action:
             res['changed'] = True
             res['power'] = action
-            res['diff']['before']['status'] = status or 'absent'
+            res['diff']['before']['status'] = plan['res']['status']
             res['diff']['after']['status'] = 'stopped' if action == 'shutdown' else 'running'
             res['status'] = res['diff']['after']['status']
         elif plan.get('create'):
