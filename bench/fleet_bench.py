@@ -21,6 +21,8 @@ import time
 
 import yaml
 
+import figures as figures_file
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BIN = os.path.dirname(sys.executable)
@@ -87,11 +89,7 @@ def main():
             confirm = ','.join(str(c['vmid']) for c in the_fleet)
             subprocess.run(playbook + ['playbooks/teardown.yml', '-e', 'gpufleet_teardown_confirm=' + confirm],
                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-    os.makedirs(os.path.join(HERE, 'results'), exist_ok=True)
-    with open(os.path.join(HERE, 'results', 'fleet.json'), 'w') as fh:
-        json.dump(figures, fh, indent=2, sort_keys=True)
-    for key in sorted(figures):
-        print('{0:26} {1}'.format(key, figures[key]))
+    figures_file.save('fleet', figures)
 
 
 if __name__ == '__main__':

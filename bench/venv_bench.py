@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.join(ROOT, 'tests'))
 from conftest import Pve, _api, run_playbook  # noqa: E402
 from gpufleet.lab import manager  # noqa: E402
 from gpufleet.lab.layout import Lab  # noqa: E402
+import figures as figures_file  # noqa: E402
 
 VMIDS = (341, 342)
 SITE = os.path.join(ROOT, 'playbooks', 'site.yml')
@@ -157,11 +158,7 @@ def main():
     finally:
         pve.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(os.path.join(HERE, 'results'), exist_ok=True)
-    with open(os.path.join(HERE, 'results', 'venv.json'), 'w') as fh:
-        json.dump(figures, fh, indent=2, sort_keys=True)
-    for key in sorted(figures):
-        print('{0:28} {1}'.format(key, figures[key]))
+    figures_file.save('venv', figures)
 
 
 if __name__ == '__main__':
