@@ -108,6 +108,34 @@ def test_check_reports_every_injected_item_and_changes_nothing_then_a_run_repair
     assert all(s['changed'] == 0 for s in clean.stats.values()), clean.stats
 
 
+def test_check_reports_the_nodes_uvm_and_a_containers_driver_then_a_run_repairs(fleet, tmp_path, lab):
+    uvm = lab.record()['gpus']['uvm_major']
+    ldconf = '/etc/ld.so.conf.d/000-gpufleet-nvidia.conf'
+    os.unlink('/dev/nvidia-uvm-tools')  # the node lost a uvm node
+    try:
+        # B no longer loads the node's driver: its loader config is gone
+        assert sh(B, 'rm {0} && ldconfig'.format(ldconf)).returncode == 0
+        check = drift(tmp_path, fleet['fleet'], '--check')
+        assert check.rc == 0, check.stdout[-4000:]
+        assert not os.path.exists('/dev/nvidia-uvm-tools') and sh(B, 'test -e ' + ldconf).returncode != 0
+        report = summary(tmp_path)
+        assert report['drift'] is True
+        assert [i['item'] for i in report['nodes']['pve1']] == ['uvm_node_missing']
+        (driver,) = [i for i in report['containers']['drift-b'] if i['stage'] == 'driver']
+        assert driver['item'] == 'userspace_driver' and driver['detail'] == 'libcuda none but the node runs 580.95.05'
+        assert not [i for i in report['containers']['drift-a'] if i['stage'] == 'driver']
+
+        fix = drift(tmp_path, fleet['fleet'])
+        assert fix.rc == 0, fix.stdout[-4000:]
+        st = os.stat('/dev/nvidia-uvm-tools')
+        assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (uvm, 1)
+        assert sh(B, 'ldconfig -p | grep -q libcuda.so.1').returncode == 0
+        assert drift(tmp_path, fleet['fleet'], '--check').rc == 0 and summary(tmp_path)['drift'] is False
+    finally:
+        if not os.path.exists('/dev/nvidia-uvm-tools'):
+            os.mknod('/dev/nvidia-uvm-tools', 0o666 | 0o020000, os.makedev(uvm, 1))
+
+
 def play(name, tmp_path, fleet, *args):
     path = tmp_path / 'play-vars.json'
     path.write_text(json.dumps({'gpufleet_containers': fleet}))
