@@ -33,7 +33,7 @@ def fleet_verify_summary(reports):
 def fleet_drift(data, kind, *args):
     """kind node: data = gpu_devices facts, args = (bundle result,); containers: data = lxc_container result,
     args = (fleet,); container: data = {driver, build, audit, report}; summary: data = {nodes, containers},
-    args = (check_mode,)."""
+    args = (check_mode,); reports: data = a summary, the files of the drift run (one per host, and the summary)."""
     if kind == 'node':
         return _drift.node(data, *args)
     if kind == 'containers':
@@ -42,7 +42,9 @@ def fleet_drift(data, kind, *args):
         return _drift.container(**data)
     if kind == 'summary':
         return _drift.summary(data.get('nodes'), data.get('containers'), *args)
-    raise ValueError('fleet_drift: kind must be node, containers, container or summary, got {0!r}'.format(kind))
+    if kind == 'reports':
+        return _drift.reports(data)
+    raise ValueError('fleet_drift: kind must be node, containers, container, summary or reports, got {0!r}'.format(kind))
 
 
 class FilterModule(object):

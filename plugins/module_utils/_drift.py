@@ -95,3 +95,13 @@ def summary(nodes, containers, check_mode):
     return {'mode': 'check' if check_mode else 'repair', 'drift': any(hosts.values()),
             'count': sum(len(v) for v in hosts.values()),
             'nodes': nodes or {}, 'containers': containers or {}}
+
+
+def reports(fleet):
+    """The files of a drift run from its summary: one report per host ({host, kind, mode, drift, items}) and
+    the summary itself under 'summary'."""
+    out = {'summary': fleet}
+    for kind, group in (('node', 'nodes'), ('container', 'containers')):
+        for host, items in (fleet.get(group) or {}).items():
+            out[host] = {'host': host, 'kind': kind, 'mode': fleet.get('mode'), 'drift': bool(items), 'items': items}
+    return out

@@ -1,7 +1,7 @@
 """Pure logic of the collection's module_utils: comparisons, plans, fleet checks, raw lines."""
 
 import pytest
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _fleet, _lxc, _pveconf
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _drift, _fleet, _lxc, _pveconf
 
 
 @pytest.mark.parametrize('key,wanted,current,equal', [
@@ -96,3 +96,14 @@ def test_elf_reads_a_system_library():
     assert _elf.Resolver().find('libc.so.6', info)
     assert _elf.Resolver(system_dirs=[]).find('libc.so.6', info) is None
     assert _elf.read(__file__) is None
+
+
+def test_drift_reports_one_file_per_host_and_the_summary():
+    item = {'stage': 'node', 'item': 'uvm_node_missing', 'detail': 'x'}
+    fleet = _drift.summary({'pve1': [item]}, {'train-0': [], 'pve1-ct': []}, True)
+    assert (fleet['mode'], fleet['drift'], fleet['count']) == ('check', True, 1)
+    files = _drift.reports(fleet)
+    assert sorted(files) == ['pve1', 'pve1-ct', 'summary', 'train-0']
+    assert files['summary'] is fleet
+    assert files['pve1'] == {'host': 'pve1', 'kind': 'node', 'mode': 'check', 'drift': True, 'items': [item]}
+    assert files['train-0'] == {'host': 'train-0', 'kind': 'container', 'mode': 'check', 'drift': False, 'items': []}

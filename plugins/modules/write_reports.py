@@ -1,0 +1,59 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+module: write_reports
+short_description: Write JSON reports on the controller, privately, in one step
+version_added: 0.1.0
+description:
+  - Writes each report as indented JSON into O(dir) on the controller, whatever host the task runs for.
+    It runs in the controller's Ansible process (an action plugin): one task writes a whole fleet's reports
+    without a module run per file.
+  - O(dir) is made with mode 0700 (and set to it if it exists); each file gets mode 0600 and is replaced
+    atomically (written beside, then renamed).
+  - Reports are the run's output, not a change to any host, so they are written in check mode too and the task
+    never reports changed.
+options:
+  dir:
+    description: The directory on the controller.
+    type: path
+    required: true
+  reports:
+    description: File name (without C(.json), no C(/)) to the data to write.
+    type: dict
+    required: true
+attributes:
+  check_mode:
+    support: full
+    details: Writes the reports in check mode too (they describe the run; nothing on a host changes).
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+  action:
+    support: full
+author:
+  - gpufleet maintainers (@gpufleet)
+'''
+
+EXAMPLES = r'''
+- name: Write every container's verification report and the summary
+  gpufleet.proxmox.write_reports:
+    dir: "{{ verify_report_dir }}"
+    reports: "{{ {'summary': summary} | combine(per_host) }}"
+  run_once: true
+'''
+
+RETURN = r'''
+written:
+  description: The paths written, in file name order.
+  returned: success
+  type: list
+  elements: str
+'''
