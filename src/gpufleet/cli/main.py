@@ -1,5 +1,10 @@
 """`gpufleet`: run the fleet's playbooks and the local lab.
 
+    gpufleet up            provision the fleet (site.yml)
+    gpufleet drift [--fix] report the fleet's drift (check mode), or repair it and verify
+    gpufleet verify        verify every container (read only)
+                           each with -i, --limit, --forks, -e, --vault-password-file, --json, -v;
+                           exit codes: 0 clean, 1 error, 2 drift found, 4 hosts unreachable
     gpufleet lab up        bring the local Proxmox lab node up (idempotent)
     gpufleet lab status    the lab's services and its containers, API and LXC side by side
     gpufleet lab reset     destroy every lab container; the lab stays up
@@ -48,6 +53,8 @@ def build_parser():
                                      epilog=__doc__.split('\n\n', 1)[1])
     parser.add_argument('--version', action='version', version='gpufleet ' + __version__)
     sub = parser.add_subparsers(dest='command', required=True)
+    from . import fleet
+    fleet.add_parsers(sub)
     lab = sub.add_parser('lab', help='the local Proxmox lab node')
     lab.add_argument('action', choices=('up', 'down', 'status', 'reset'))
     lab.add_argument('--json', action='store_true', help='print the status as JSON')

@@ -1,0 +1,181 @@
+"""`gpufleet up`, `gpufleet drift [--fix]` and `gpufleet verify`: the collection's playbooks run through
+ansible-runner, with live progress, a table per container at the end (or --json), and exit codes for cron:
+
+    0  clean: the run succeeded and found no drift
+    1  error: a task failed (a repair, a verification) or the run could not start
+    2  drift found (with --fix: found and repaired, and the fleet verified)
+    4  hosts unreachable
+
+Each run keeps its artifacts and reports under a private (0700) directory, scrubbed of secrets.
+"""
+
+import json
+import os
+import shlex
+import sys
+import time
+
+from . import secrets, show
+
+CLEAN, ERROR, DRIFT, UNREACHABLE = 0, 1, 2, 4
+PLAYBOOKS = {'up': 'gpufleet.proxmox.site', 'drift': 'gpufleet.proxmox.drift', 'verify': 'gpufleet.proxmox.verify'}
+KEEP_RUNS = 20
+
+
+def default_home():
+    state = os.environ.get('XDG_STATE_HOME') or os.path.join(os.path.expanduser('~'), '.local', 'state')
+    return os.environ.get('GPUFLEET_HOME') or os.path.join(state, 'gpufleet')
+
+
+def private_dir(path):
+    """path made (or kept) with mode 0700."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def ansible_options(args):
+    """The options that ansible and ansible-playbook share: inventories, extra vars, the vault password file."""
+    out = []
+    for inv in args.inventory or []:
+        out += ['-i', os.path.abspath(inv) if os.path.exists(inv) else inv]
+    for extra in args.extra_vars or []:
+        out += ['-e', extra]
+    if args.vault_password_file:
+        out += ['--vault-password-file', os.path.abspath(os.path.expanduser(args.vault_password_file))]
+    return out
+
+
+def bin_dir():
+    return os.path.dirname(os.path.abspath(sys.executable))
+
+
+def gather_secrets(args, env):
+    """Every secret value this run may meet (see secrets.py); a warning when the inventory could not say."""
+    values = secrets.named_secrets(os.environ.items()) + secrets.extra_var_secrets(args.extra_vars or [])
+    if args.vault_password_file:
+        path = os.path.expanduser(args.vault_password_file)
+        if os.path.isfile(path) and not os.access(path, os.X_OK):
+            with open(path) as fh:
+                values.append(fh.read().strip())
+    ansible = os.path.join(bin_dir(), 'ansible')
+    found, error = secrets.inventory_secrets([ansible if os.path.exists(ansible) else 'ansible']
+                                             + ansible_options(args), env=env)
+    return values + found, error
+
+
+def read_json(path):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def host_stats(stats):
+    """ansible-runner's stats ({kind: {host: n}}) per host."""
+    hosts = {}
+    for kind, key in (('ok', 'ok'), ('changed', 'changed'), ('failures', 'failures'), ('dark', 'unreachable'),
+                      ('skipped', 'skipped')):
+        for host, n in ((stats or {}).get(kind) or {}).items():
+            hosts.setdefault(host, {'ok': 0, 'changed': 0, 'failures': 0, 'unreachable': 0, 'skipped': 0})[key] = n
+    return hosts
+
+
+def outcome(command, fix, runner_status, rc, stats, verified, drift):
+    """The run's result from what ansible-runner and the reports say: rows per container, exit code, verdict."""
+    hosts = host_stats(stats)
+    containers = {}
+    for row in (verified or {}).get('containers') or []:
+        containers[row['host']] = dict(row, drift=[])
+    for host, items in ((drift or {}).get('containers') or {}).items():
+        containers.setdefault(host, {'host': host, 'ok': None})['drift'] = items
+    nodes = dict((h, items) for h, items in ((drift or {}).get('nodes') or {}).items() if items)
+    unreachable = sorted(h for h, s in hosts.items() if s['unreachable'])
+    failed = sorted(h for h, s in hosts.items() if s['failures'])
+    drift_found = bool((drift or {}).get('drift'))
+    count = (drift or {}).get('count', 0)
+    if unreachable:
+        code, verdict = UNREACHABLE, 'unreachable: ' + ', '.join(unreachable)
+    elif failed or rc != 0 or stats is None:
+        code = ERROR
+        verdict = 'error: ' + ('failed on ' + ', '.join(failed) if failed else
+                               'ansible-playbook exited {0} ({1})'.format(rc, runner_status))
+    elif drift_found:
+        code, verdict = DRIFT, 'drift: {0} item(s){1}'.format(count, ' repaired, and the fleet verified' if fix else
+                                                              ' found; `gpufleet drift --fix` repairs them')
+    else:
+        code = CLEAN
+        verdict = 'clean: {0} container(s){1}'.format(
+            len(containers), ', no drift' if command == 'drift' else (' verified' if verified else ''))
+    return {'command': command + (' --fix' if fix else ''), 'exit_code': code, 'verdict': verdict,
+            'status': runner_status, 'rc': rc, 'drift': drift_found, 'drift_count': count, 'hosts': hosts,
+            'nodes': nodes, 'containers': [containers[h] for h in sorted(containers)]}
+
+
+def run(args):
+    import ansible_runner
+
+    os.umask(0o077)
+    home = private_dir(os.path.abspath(os.path.expanduser(args.artifacts or default_home())))
+    ident = '{0}-{1}-{2}'.format(time.strftime('%Y%m%dT%H%M%S'), args.command, os.getpid())
+    reports = os.path.join(home, 'artifacts', ident, 'reports')
+    env = dict(os.environ, PATH=bin_dir() + os.pathsep + os.environ.get('PATH', ''), GPUFLEET_REPORT_DIR=reports)
+    values, error = gather_secrets(args, env)
+    scrubber = secrets.Scrubber(values)
+    if error:
+        show.fail('warning: the inventory\'s secret variables could not be read, so only the environment\'s, '
+                  '-e\'s and the vault password are scrubbed: ' + scrubber.text(error))
+    fix = getattr(args, 'fix', False)
+    cmdline = ansible_options(args)
+    if args.command == 'drift' and not fix:
+        cmdline += ['--check', '--diff']
+    progress = show.Progress(scrubber.text, verbose=args.verbose, quiet=args.json)
+    with progress:
+        r = ansible_runner.run(
+            private_data_dir=home, project_dir=os.getcwd(), ident=ident, playbook=PLAYBOOKS[args.command],
+            cmdline=shlex.join(cmdline), limit=args.limit, forks=args.forks, verbosity=args.verbose or None,
+            envvars={'PATH': env['PATH'], 'GPUFLEET_REPORT_DIR': reports}, quiet=True,
+            event_handler=progress.event, rotate_artifacts=KEEP_RUNS, suppress_env_files=True)
+    result = outcome(args.command, fix, r.status, r.rc, r.stats, read_json(os.path.join(reports, 'summary.json')),
+                     read_json(os.path.join(reports, 'drift', 'summary.json')))
+    if r.stats is None:
+        tail = scrubber.text(''.join(r.stdout.readlines()[-20:]))
+        show.fail('ansible-playbook did not run its plays:\n' + tail)
+    result['artifacts'] = os.path.join(home, 'artifacts', ident)
+    result['reports'] = reports
+    scrubber.tree(home)
+    result['scrubbed'] = scrubber.count
+    if args.json:
+        print(scrubber.text(json.dumps(result, indent=2, sort_keys=True, default=str)))
+    else:
+        show.render(result)
+    return result['exit_code']
+
+
+def add_parsers(sub):
+    """The up, drift and verify subcommands with their common options."""
+    common = dict(
+        inventory=(('-i', '--inventory'), dict(action='append', metavar='INVENTORY',
+                                               help='inventory path (repeatable); default: ansible.cfg\'s')),
+        limit=(('--limit', '-l'), dict(help="Ansible's host pattern limit (nodes and containers)")),
+        forks=(('--forks', '-f'), dict(type=int, help='parallel hosts (default: ansible.cfg\'s)')),
+        extra_vars=(('-e', '--extra-vars'), dict(action='append', metavar='VARS',
+                                                 help='extra variables, key=value, JSON or @file (repeatable)')),
+        vault_password_file=(('--vault-password-file',), dict(metavar='FILE')),
+        json=(('--json',), dict(action='store_true', help='print the result as JSON (no live progress)')),
+        verbose=(('-v', '--verbose'), dict(action='count', default=0,
+                                           help="show Ansible's output (-vvvv for everything), scrubbed")),
+        artifacts=(('--artifacts',), dict(metavar='DIR', help='where runs are kept, mode 0700 '
+                                          '(default $GPUFLEET_HOME or ~/.local/state/gpufleet)')))
+    helps = {'up': 'provision: site.yml (nodes, containers, drivers, venvs, verification)',
+             'drift': 'report drift (check mode); --fix repairs it and verifies',
+             'verify': 'verify every container (read only)'}
+    for name in ('up', 'drift', 'verify'):
+        p = sub.add_parser(name, help=helps[name], description=helps[name] + '.\n\n' + __doc__.split('\n\n')[1],
+                           formatter_class=__import__('argparse').RawDescriptionHelpFormatter)
+        for dest, (flags, kw) in common.items():
+            p.add_argument(*flags, dest=dest, **kw)
+        if name == 'drift':
+            p.add_argument('--fix', action='store_true', help='repair the drift (a plain drift.yml run)')
+        p.set_defaults(func=run)

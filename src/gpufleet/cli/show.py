@@ -1,0 +1,131 @@
+"""What the CLI shows: live progress per host while a run goes, then a table per container."""
+
+import sys
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+
+class Progress:
+    """Follows ansible-runner's events: per host, the task it is on and its ok/changed/failed counts.
+
+    On a terminal it is a live table on stderr; elsewhere (cron, CI) each play and each failed or unreachable
+    host is one line; with verbose it prints Ansible's own output instead, scrubbed of secrets."""
+
+    def __init__(self, scrub, verbose=0, quiet=False, console=None):
+        self.scrub = scrub
+        self.verbose = verbose
+        self.quiet = quiet
+        self.console = console or Console(stderr=True, highlight=False)
+        self.hosts = {}
+        self.play = ''
+        self.live = None
+
+    def __enter__(self):
+        if not self.quiet and not self.verbose and self.console.is_terminal:
+            self.live = Live(self._table(), console=self.console, refresh_per_second=4, transient=True)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.live is not None:
+            self.live.__exit__(*exc)
+        return False
+
+    def _host(self, name):
+        return self.hosts.setdefault(name, {'task': '', 'ok': 0, 'changed': 0, 'failed': 0, 'unreachable': 0})
+
+    def _table(self):
+        table = Table(title=self.play or 'starting', title_justify='left', expand=False)
+        for col in ('host', 'task', 'ok', 'changed', 'failed'):
+            table.add_column(col, justify='right' if col in ('ok', 'changed', 'failed') else 'left')
+        for name in sorted(self.hosts):
+            h = self.hosts[name]
+            failed = '[red]{0}[/red]'.format(h['failed']) if h['failed'] else '0'
+            task = '[red]unreachable[/red]' if h['unreachable'] else h['task']
+            table.add_row(name, task, str(h['ok']), str(h['changed']), failed)
+        return table
+
+    def _say(self, text):
+        if not self.quiet:
+            self.console.print(self.scrub(text), markup=False, highlight=False, soft_wrap=True)
+
+    def event(self, event):
+        """ansible-runner's event_handler: update the view; always keep the event."""
+        kind = event.get('event', '')
+        data = event.get('event_data') or {}
+        host = data.get('host')
+        if self.verbose and event.get('stdout'):
+            self._say(event['stdout'])
+        if kind == 'playbook_on_play_start':
+            self.play = data.get('play', '')
+            if not self.live and not self.verbose:
+                self._say('PLAY ' + self.play)
+        elif host and kind == 'runner_on_start':
+            self._host(host)['task'] = data.get('task', '')
+        elif host and kind == 'runner_on_ok':
+            self._host(host)['changed' if (data.get('res') or {}).get('changed') else 'ok'] += 1
+        elif host and kind == 'runner_on_failed' and not data.get('ignore_errors'):
+            self._host(host)['failed'] += 1
+            if not self.live and not self.verbose:
+                self._say('  failed: {0}: {1}: {2}'.format(host, data.get('task', ''),
+                                                          (data.get('res') or {}).get('msg', '')))
+        elif host and kind == 'runner_on_unreachable':
+            self._host(host)['unreachable'] += 1
+            if not self.live and not self.verbose:
+                self._say('  unreachable: {0}: {1}'.format(host, (data.get('res') or {}).get('msg', '')))
+        if self.live is not None:
+            self.live.update(self._table())
+        return True
+
+
+def _devices(row):
+    seen, want = row.get('devices_seen'), row.get('devices_expected')
+    if seen is None and want is None:
+        return '-'
+    return '{0}/{1}'.format('-' if seen is None else seen, '-' if want is None else want)
+
+
+def _drift_lines(row):
+    return ['{0} {1}: {2}'.format(i['stage'], i['item'], i['detail']) for i in row.get('drift') or []]
+
+
+def _ok(row):
+    return '-' if row.get('ok') is None else ('yes' if row['ok'] else 'no')
+
+
+def render(result, console=None):
+    """The end of a run on stdout: a table per container on a terminal, one line per container and per drift
+    item elsewhere (logs, cron mail), then unreachable or failed hosts and the verdict."""
+    console = console or Console(highlight=False)
+    rows = result['containers']
+    if rows and console.is_terminal:
+        table = Table(title='containers', title_justify='left')
+        for col in ('container', 'node', 'vmid', 'torch', 'cuda', 'devices seen/expected', 'ok', 'drift'):
+            table.add_column(col)
+        for row in rows:
+            table.add_row(row['host'], str(row.get('node') or '-'), str(row.get('vmid') or '-'),
+                          row.get('torch_version') or '-', row.get('cuda_version') or '-', _devices(row),
+                          _ok(row) if row.get('ok') is not False else '[red]no[/red]',
+                          '\n'.join(_drift_lines(row)) or '-')
+        console.print(table)
+    else:
+        for row in rows:
+            console.print('{0} (node {1}, CT {2}): torch {3}, cuda {4}, devices {5}, ok {6}'.format(
+                row['host'], row.get('node') or '-', row.get('vmid') or '-', row.get('torch_version') or '-',
+                row.get('cuda_version') or '-', _devices(row), _ok(row)), markup=False)
+            for line in _drift_lines(row) + row.get('failures', []):
+                console.print('  ' + line, markup=False)
+    for node, items in sorted(result.get('nodes', {}).items()):
+        for i in items:
+            console.print('node {0}: {1} {2}: {3}'.format(node, i['stage'], i['item'], i['detail']), markup=False)
+    for host, stats in sorted(result['hosts'].items()):
+        if stats['unreachable'] or stats['failures']:
+            console.print('{0}: {1}'.format(host, 'unreachable' if stats['unreachable'] else
+                                            '{0} task(s) failed'.format(stats['failures'])), markup=False)
+    console.print(result['verdict'], markup=False)
+
+
+def fail(message):
+    print('gpufleet: ' + message, file=sys.stderr)

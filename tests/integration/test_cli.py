@@ -1,0 +1,169 @@
+"""The gpufleet CLI on the lab (ansible-runner underneath): up, drift, drift --fix and verify with their exit
+codes and JSON; unreachable hosts; secrets kept out of everything printed and kept at -vvvv; and AWX's job
+model, ansible-runner transmit | worker | process, against a direct run."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, Pve, _api
+from test_gpu_container_role import entry
+
+pytestmark = pytest.mark.lab
+
+VMID = 361
+BIN = os.path.dirname(sys.executable)
+
+
+def gpufleet(home, fleet_file, *args, env=None):
+    argv = [os.path.join(BIN, 'gpufleet')] + list(args[:1]) + ['-i', 'inventories/lab', '-e', '@' + str(fleet_file),
+                                                               '--artifacts', str(home)] + list(args[1:])
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, **(env or {})))
+
+
+def as_json(done):
+    assert done.stdout.strip().startswith('{'), (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope='module')
+def fleet(tmp_path_factory, creds, lab):
+    pve = Pve(_api(creds, user='root@pam', password=creds['api_password']), creds['node'])
+    pve.made.append(VMID)
+    tmp = tmp_path_factory.mktemp('cli')
+    fleet_file = tmp / 'fleet.json'
+    fleet_file.write_text(json.dumps({'gpufleet_containers': [entry(VMID, 'cli-a', [0], memory=2048)]}))
+    home = tmp / 'home'
+    up = gpufleet(home, fleet_file, 'up', '--json')
+    result = as_json(up)
+    assert up.returncode == 0 and result['exit_code'] == 0, (result['verdict'], up.stderr[-3000:])
+    yield {'pve': pve, 'file': fleet_file, 'home': home, 'up': result, 'creds': creds}
+    pve.cleanup()
+
+
+def test_up_provisions_and_tells_what_it_verified(fleet):
+    up = fleet['up']
+    assert up['command'] == 'up' and up['status'] == 'successful'
+    (row,) = up['containers']
+    assert (row['host'], row['vmid'], row['ok'], row['torch_version'], row['drift']) == ('cli-a', VMID, True,
+                                                                                         '2.13.0+cpu', [])
+    assert up['hosts']['cli-a']['failures'] == 0 and up['hosts']['pve1']['unreachable'] == 0
+    assert up['verdict'] == 'clean: 1 container(s) verified'
+    assert os.path.isfile(os.path.join(up['reports'], 'cli-a.json'))
+
+
+def test_drift_exit_codes_check_then_fix(fleet):
+    pve = fleet['pve']
+    clean = gpufleet(fleet['home'], fleet['file'], 'drift')
+    assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
+    assert 'clean: 1 container(s), no drift' in clean.stdout
+
+    pve.ct(VMID).config.put(cores=2)  # the fleet says 1
+    found = gpufleet(fleet['home'], fleet['file'], 'drift', '--json')
+    result = as_json(found)
+    assert found.returncode == 2 and result['exit_code'] == 2 and result['drift'] is True
+    assert [(i['stage'], i['item'], i['before'], i['after']) for i in result['containers'][0]['drift']] == \
+        [('container', 'cores', 2, 1)]
+    assert pve.ct(VMID).config.get()['cores'] == 2  # the check changed nothing
+
+    table = gpufleet(fleet['home'], fleet['file'], 'drift')  # the same, as lines (stdout is not a terminal)
+    assert table.returncode == 2
+    assert 'cli-a (node pve1, CT 361): torch 2.13.0+cpu, cuda -, devices 0/-, ok yes\n  container cores: config cores ' \
+        'differs\n' in table.stdout and 'drift: 1 item(s) found' in table.stdout
+
+    fixed = gpufleet(fleet['home'], fleet['file'], 'drift', '--fix', '--json')
+    result = as_json(fixed)
+    assert fixed.returncode == 2 and result['verdict'] == 'drift: 1 item(s) repaired, and the fleet verified'
+    assert pve.ct(VMID).config.get()['cores'] == 1
+    assert gpufleet(fleet['home'], fleet['file'], 'drift').returncode == 0
+
+
+def test_a_failed_verification_is_an_error(fleet):
+    done = gpufleet(fleet['home'], fleet['file'], 'verify', '--json', '-e', '{"verify_expect": {"torch_version": "9.9"}}')
+    result = as_json(done)
+    assert done.returncode == 1 and result['verdict'] == 'error: failed on cli-a'
+    (row,) = result['containers']
+    assert row['ok'] is False and row['failures'] == ['torch_version: expected 9.9, got 2.13.0+cpu']
+
+
+def test_an_unreachable_node_exits_4(fleet):
+    done = gpufleet(fleet['home'], fleet['file'], 'verify', '--json', '-e', 'ansible_port=2299')
+    result = as_json(done)
+    assert done.returncode == 4 and result['verdict'] == 'unreachable: pve1'
+    assert result['hosts']['pve1']['unreachable'] == 1
+
+
+def test_no_secret_is_printed_or_kept_at_vvvv(fleet, tmp_path):
+    creds = fleet['creds']
+    password, secret = creds['api_password'], creds['api_token_secret']
+    home = tmp_path / 'home'
+    # The secrets also come in the ways that put them in ansible-runner's artifacts: the environment and -e.
+    done = gpufleet(home, fleet['file'], 'verify', '-vvvv', '-e', 'gpufleet_api_token_secret=' + secret,
+                    env={'PROXMOX_PASSWORD': password})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert 'PCT EXEC' in done.stderr and 'SSH: EXEC' in done.stderr  # -vvvv: Ansible's own output, shown
+    for text in (done.stdout, done.stderr):
+        assert password not in text and secret not in text
+    files = [os.path.join(root, f) for root, _, names in os.walk(home) for f in names]
+    assert any(f.endswith('/command') for f in files) and any('/job_events/' in f for f in files)
+    for path in files:
+        with open(path, 'rb') as fh:
+            data = fh.read()
+        assert password.encode() not in data and secret.encode() not in data, path
+    command = [f for f in files if f.endswith('/command')][0]
+    assert '"PROXMOX_PASSWORD": "********"' in open(command).read()
+    assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
+
+
+def streamed_and_direct(tmp_path, fleet_file):
+    """drift.yml --check through transmit | worker | process, and the same directly; each run's events."""
+    import ansible_runner
+    import yaml
+    runs = {}
+    for how in ('streamed', 'direct'):
+        pd = tmp_path / how
+        (pd / 'project').mkdir(parents=True)
+        (pd / 'env').mkdir()
+        (pd / 'project' / 'drift.yml').write_text(yaml.safe_dump([{
+            'name': 'drift', 'ansible.builtin.import_playbook': 'gpufleet.proxmox.drift'}]))
+        (pd / 'env' / 'envvars').write_text(yaml.safe_dump({
+            'ANSIBLE_CONFIG': os.path.join(ROOT, 'ansible.cfg'), 'PATH': BIN + ':' + os.environ['PATH'],
+            'GPUFLEET_REPORT_DIR': str(pd / 'reports')}))
+        (pd / 'env' / 'cmdline').write_text('--check -e @{0}'.format(fleet_file))
+        args = dict(playbook='drift.yml', inventory=os.path.join(ROOT, 'inventories', 'lab'), ident='run')
+        if how == 'direct':
+            ansible_runner.run(private_data_dir=str(pd), quiet=True, **args)
+        else:
+            stream = subprocess.run([os.path.join(BIN, 'ansible-runner'), 'transmit', str(pd), '-p', 'drift.yml',
+                                     '--inventory', args['inventory'], '--ident', 'run'],
+                                    capture_output=True, check=True).stdout
+            worked = subprocess.run([os.path.join(BIN, 'ansible-runner'), 'worker'], input=stream,
+                                    capture_output=True, check=True, env=dict(os.environ, PATH=BIN + ':' +
+                                                                              os.environ['PATH'])).stdout
+            out = tmp_path / 'processed'
+            subprocess.run([os.path.join(BIN, 'ansible-runner'), 'process', str(out), '--ident', 'run'],
+                           input=worked, capture_output=True, check=True)
+            pd = out  # what process wrote
+        events = []
+        for name in sorted(os.listdir(pd / 'artifacts' / 'run' / 'job_events'),
+                           key=lambda n: int(n.split('-', 1)[0])):
+            e = json.loads((pd / 'artifacts' / 'run' / 'job_events' / name).read_text())
+            data = e.get('event_data') or {}
+            if e['event'].startswith('runner_on_'):
+                events.append((e['event'], data.get('host'), data.get('task'), (data.get('res') or {}).get('changed')))
+        status = (pd / 'artifacts' / 'run' / 'status').read_text().strip()
+        rc = (pd / 'artifacts' / 'run' / 'rc').read_text().strip()
+        runs[how] = (status, rc, sorted(events, key=str))
+    return runs
+
+
+def test_awx_job_model_transmit_worker_process_matches_a_direct_run(fleet, tmp_path):
+    runs = streamed_and_direct(tmp_path, fleet['file'])
+    assert runs['streamed'][:2] == runs['direct'][:2] == ('successful', '0')
+    assert len(runs['direct'][2]) > 50
+    assert runs['streamed'][2] == runs['direct'][2]

@@ -1,0 +1,74 @@
+"""The CLI's verdict and exit code from ansible-runner's stats and the reports; the scrubber."""
+
+import pytest
+
+from gpufleet.cli import fleet, secrets
+
+ROW = {'host': 'train-0', 'node': 'pve1', 'vmid': 200, 'ok': True, 'torch_version': '2.11.0+cu128'}
+ITEM = {'stage': 'container', 'item': 'cores', 'detail': 'config cores differs', 'before': 2, 'after': 1}
+
+
+def stats(**kinds):
+    base = {'ok': {'pve1': 20, 'train-0': 30}, 'changed': {}, 'failures': {}, 'dark': {}, 'skipped': {}}
+    base.update(kinds)
+    return base
+
+
+@pytest.mark.parametrize('kinds, drift, rc, code, verdict', [
+    ({}, None, 0, 0, 'clean: 1 container(s) verified'),
+    ({}, {'drift': True, 'count': 1, 'containers': {'train-0': [ITEM]}, 'nodes': {'pve1': []}}, 0, 2,
+     'drift: 1 item(s) found; `gpufleet drift --fix` repairs them'),
+    ({'failures': {'train-0': 1}}, {'drift': True, 'count': 1}, 2, 1, 'error: failed on train-0'),
+    ({'dark': {'pve1': 1}, 'failures': {'train-0': 1}}, None, 4, 4, 'unreachable: pve1'),
+])
+def test_exit_code_precedence(kinds, drift, rc, code, verdict):
+    out = fleet.outcome('verify' if drift is None else 'drift', False, 'successful', rc, stats(**kinds),
+                        {'containers': [ROW]}, drift)
+    assert (out['exit_code'], out['verdict']) == (code, verdict)
+
+
+def test_no_stats_is_an_error_and_rows_join_verification_with_drift():
+    assert fleet.outcome('up', False, 'failed', 1, None, None, None)['verdict'] == \
+        'error: ansible-playbook exited 1 (failed)'
+    out = fleet.outcome('drift', True, 'successful', 0, stats(), {'containers': [ROW]},
+                        {'drift': True, 'count': 2, 'containers': {'train-0': [ITEM], 'util-0': [ITEM]},
+                         'nodes': {'pve1': []}})
+    assert out['verdict'] == 'drift: 2 item(s) repaired, and the fleet verified' and out['command'] == 'drift --fix'
+    assert [(r['host'], r['ok'], len(r['drift'])) for r in out['containers']] == [('train-0', True, 1),
+                                                                                 ('util-0', None, 1)]
+    assert out['nodes'] == {} and out['hosts']['train-0']['ok'] == 30
+
+
+def test_scrubber_masks_plain_and_json_escaped_forms_longest_first(tmp_path):
+    s = secrets.Scrubber(['s3cr"et', 's3cr"et-longer', 'abc', ''])
+    assert s.text('a s3cr"et-longer b s3cr"et') == 'a ******** b ********'
+    (tmp_path / 'ev.json').write_text('{"x": "s3cr\\"et"}')
+    (tmp_path / 'keep').write_text('abc is too short to mask')
+    assert s.tree(tmp_path) == [str(tmp_path / 'ev.json')]
+    assert (tmp_path / 'ev.json').read_text() == '{"x": "********"}'
+    assert (tmp_path / 'keep').read_text() == 'abc is too short to mask'
+    assert s.count == 3
+
+
+def test_secret_values_from_extra_vars_and_names():
+    assert secrets.extra_var_secrets(['gpufleet_api_token_secret=t0ken cores=2', '{"db": {"password": "pw12"}}']) == \
+        ['t0ken', 'pw12']
+    assert secrets.named_secrets([('PROXMOX_PASSWORD', 'x1'), ('HOME', '/root'), ('GH_TOKEN', 'y')]) == ['x1', 'y']
+
+
+def test_a_terminal_gets_a_table_and_a_log_gets_lines():
+    from rich.console import Console
+    from gpufleet.cli import show
+    result = fleet.outcome('drift', False, 'successful', 0, stats(dark={'pve2': 1}),
+                           {'containers': [dict(ROW, devices_seen=4, devices_expected=4, cuda_version='12.8')]},
+                           {'drift': True, 'count': 1, 'containers': {'train-0': [ITEM]}, 'nodes': {}})
+    term = Console(force_terminal=True, width=200, record=True)
+    show.render(result, term)
+    text = term.export_text()
+    assert '┃ container ┃' in text and '│ train-0   │ pve1 │ 200  │ 2.11.0+cu128 │ 12.8 │ 4/4' in text
+    assert 'container cores: config cores differs' in text and 'pve2: unreachable' in text
+    log = Console(file=open('/dev/null', 'w'), force_terminal=False, width=80, record=True)
+    show.render(result, log)
+    assert log.export_text().splitlines() == [
+        'train-0 (node pve1, CT 200): torch 2.11.0+cu128, cuda 12.8, devices 4/4, ok yes',
+        '  container cores: config cores differs', 'pve2: unreachable', 'unreachable: pve2']
