@@ -39,9 +39,9 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super(ActionModule, self).run(tmp, task_vars)
-        _, args = self.validate_argument_spec(argument_spec={
+        args = self.validate_argument_spec(argument_spec={
             'dir': {'type': 'path', 'required': True},
-            'reports': {'type': 'dict', 'required': True}})
+            'reports': {'type': 'dict', 'required': True}})[1]
         bad = sorted(n for n in args['reports'] if not n or '/' in n or n.startswith('.'))
         if bad:
             raise AnsibleActionFail('reports: not a file name: {0}'.format(', '.join(repr(n) for n in bad)))

@@ -13,7 +13,7 @@ short_description: Write JSON reports on the controller, privately, in one step
 version_added: 0.1.0
 description:
   - Writes each report as indented JSON into O(dir) on the controller, whatever host the task runs for.
-    It runs in the controller's Ansible process (an action plugin): one task writes a whole fleet's reports
+    It runs in the controller's Ansible process (an action plugin), so one task writes a whole fleet's reports
     without a module run per file.
   - O(dir) is made with mode 0700 (and set to it if it exists); each file gets mode 0600 and is replaced
     atomically (written beside, then renamed).
@@ -30,13 +30,18 @@ options:
     required: true
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Writes the reports in check mode too (they describe the run; nothing on a host changes).
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
   platform:
+    description: Target OS/families that can be operated against.
+    support: full
     platforms: posix
   action:
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
     support: full
 author:
   - gpufleet maintainers (@gpufleet)
