@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from conftest import ROOT, Pve, _api
 from test_gpu_container_role import entry
@@ -100,30 +101,38 @@ def test_an_unreachable_node_exits_4(fleet):
 
 def test_no_secret_is_printed_or_kept_at_vvvv(fleet, tmp_path):
     creds = fleet['creds']
-    password, secret = creds['api_password'], creds['api_token_secret']
+    password, secret, vault_password = creds['api_password'], creds['api_token_secret'], 'vault-pw-for-the-test'
     home = tmp_path / 'home'
-    # The secrets also come in the ways that put them in ansible-runner's artifacts: the environment and -e.
+    # The API password also comes from a vault file, as on a real cluster ...
+    (tmp_path / 'vault-pw').write_text(vault_password + '\n')
+    (tmp_path / 'vault.yml').write_text(yaml.safe_dump({'gpufleet_api_password': password}))
+    subprocess.run([os.path.join(BIN, 'ansible-vault'), 'encrypt', '--vault-password-file', str(tmp_path / 'vault-pw'),
+                    str(tmp_path / 'vault.yml')], check=True, capture_output=True)
+    # ... and the secrets come in the ways that put them in ansible-runner's artifacts: the environment and -e.
     done = gpufleet(home, fleet['file'], 'verify', '-vvvv', '-e', 'gpufleet_api_token_secret=' + secret,
-                    env={'PROXMOX_PASSWORD': password})
+                    '-e', '@' + str(tmp_path / 'vault.yml'), '--vault-password-file', str(tmp_path / 'vault-pw'),
+                    '--limit', 'pve1,cli-a', '--forks', '3', env={'PROXMOX_PASSWORD': password})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert 'PCT EXEC' in done.stderr and 'SSH: EXEC' in done.stderr  # -vvvv: Ansible's own output, shown
     for text in (done.stdout, done.stderr):
-        assert password not in text and secret not in text
+        assert password not in text and secret not in text and vault_password not in text
     files = [os.path.join(root, f) for root, _, names in os.walk(home) for f in names]
     assert any(f.endswith('/command') for f in files) and any('/job_events/' in f for f in files)
     for path in files:
         with open(path, 'rb') as fh:
             data = fh.read()
-        assert password.encode() not in data and secret.encode() not in data, path
-    command = [f for f in files if f.endswith('/command')][0]
-    assert '"PROXMOX_PASSWORD": "********"' in open(command).read()
+        for value in (password, secret, vault_password):
+            assert value.encode() not in data, path
+    command = json.loads(open([f for f in files if f.endswith('/command')][0]).read())
+    assert command['env']['PROXMOX_PASSWORD'] == '********'
+    argv = command['command']
+    assert argv[argv.index('--limit') + 1] == 'pve1,cli-a' and argv[argv.index('--forks') + 1] == '3'
     assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
 
 
 def streamed_and_direct(tmp_path, fleet_file):
     """drift.yml --check through transmit | worker | process, and the same directly; each run's events."""
     import ansible_runner
-    import yaml
     runs = {}
     for how in ('streamed', 'direct'):
         pd = tmp_path / how

@@ -72,3 +72,36 @@ def test_a_terminal_gets_a_table_and_a_log_gets_lines():
     assert log.export_text().splitlines() == [
         'train-0 (node pve1, CT 200): torch 2.11.0+cu128, cuda 12.8, devices 4/4, ok yes',
         '  container cores: config cores differs', 'pve2: unreachable', 'unreachable: pve2']
+
+
+def events():
+    yield {'event': 'playbook_on_play_start', 'event_data': {'play': 'Verify each container'}}
+    for host in ('train-0', 'train-1'):
+        yield {'event': 'runner_on_start', 'event_data': {'host': host, 'task': 'Verify torch'}}
+    yield {'event': 'runner_on_ok', 'event_data': {'host': 'train-0', 'task': 'Verify torch', 'res': {'changed': True}}}
+    yield {'event': 'runner_on_failed', 'event_data': {'host': 'train-1', 'task': 'Verify torch',
+                                                       'res': {'msg': 'token s3cret-token refused'}}}
+    yield {'event': 'runner_on_unreachable', 'event_data': {'host': 'pve2', 'res': {'msg': 'no route'}}}
+
+
+def test_progress_follows_the_events_per_host():
+    from rich.console import Console
+    from gpufleet.cli import show
+    console = Console(force_terminal=True, width=120, record=True)
+    progress = show.Progress(secrets.Scrubber(['s3cret-token']).text, console=console)
+    with progress:
+        assert all(progress.event(e) is True for e in events())
+        table = progress._table()
+    assert progress.hosts == {
+        'train-0': {'task': 'Verify torch', 'ok': 0, 'changed': 1, 'failed': 0, 'unreachable': 0},
+        'train-1': {'task': 'Verify torch', 'ok': 0, 'changed': 0, 'failed': 1, 'unreachable': 0},
+        'pve2': {'task': '', 'ok': 0, 'changed': 0, 'failed': 0, 'unreachable': 1}}
+    assert table.title == 'Verify each container' and table.row_count == 3
+    # Not a terminal: one line per play and per failed or unreachable host, secrets masked.
+    log = Console(file=open('/dev/null', 'w'), force_terminal=False, width=200, record=True)
+    with show.Progress(secrets.Scrubber(['s3cret-token']).text, console=log) as plain:
+        for e in events():
+            plain.event(e)
+    assert log.export_text().splitlines() == [
+        'PLAY Verify each container', '  failed: train-1: Verify torch: token ******** refused',
+        '  unreachable: pve2: no route']
