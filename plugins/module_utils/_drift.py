@@ -68,6 +68,8 @@ def container(driver=None, build=None, audit=None, report=None):
         items.append(_item('venv', 'lock', 'no venv of its lock yet: build {0}'.format(build.get('id'))))
     elif build and build.get('switched'):
         items.append(_item('venv', 'active', 'the active venv is not its lock\'s: switch to {0}'.format(build.get('id'))))
+    elif build and build.get('lock_written'):
+        items.append(_item('venv', 'lock_file', 'the lock file in the container is not the profile\'s'))
     findings = (audit or {}).get('findings') or {}
     for b in findings.get('broken_distributions') or []:
         items.append(_item('venv', 'broken_distribution', '{0} {1}: {2} file(s) missing, {3} changed'.format(

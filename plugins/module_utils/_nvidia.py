@@ -166,3 +166,68 @@ def discover(dev_dir='/dev', proc_root='/proc', smi=None):
             'majors': dict((k, v) for k, v in majors.items() if k.startswith('nvidia')),
             'uvm_major': uvm_major, 'driver_version': version, 'findings': findings,
             'nvidia_smi': smi if listed is not None else None}
+
+
+LOADER_CONF = '/etc/ld.so.conf.d/000-gpufleet-nvidia.conf'
+SMI_LINK = '/usr/local/bin/nvidia-smi'
+LIBCUDA_RE = re.compile(r'^\s*libcuda\.so\.1 \(([^)]*)\) => (\S+)$')
+
+
+def loaded_libcuda(ldconfig='ldconfig'):
+    """The libcuda.so.1 the loader resolves (its real file) and the driver version its file name carries,
+    or (None, None): the first 64-bit entry of `ldconfig -p`, as the loader takes it."""
+    try:
+        out = subprocess.run([ldconfig, '-p'], stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
+    except OSError:
+        return None, None
+    for line in out.stdout.decode('utf-8', 'replace').splitlines():
+        m = LIBCUDA_RE.match(line)
+        if m and ('x86-64' in m.group(1) or 'AArch64' in m.group(1)):
+            real = os.path.realpath(m.group(2))
+            name = os.path.basename(real)
+            version = name[len('libcuda.so.'):] if name.startswith('libcuda.so.') else None
+            return real, version or None
+    return None, None
+
+
+def bind_userspace(mount, check=False, conf=LOADER_CONF, smi_link=SMI_LINK, ldconfig='ldconfig'):
+    """A container's loader pointed at the node's driver bundle bound in at mount (mount/lib, and nvidia-smi
+    linked from mount/bin); the loader's cache refreshed when its config changed. Returns what changed."""
+    changed = []
+    want = '{0}/lib\n'.format(mount.rstrip('/'))
+    try:
+        with open(conf) as fh:
+            have = fh.read()
+    except (IOError, OSError):
+        have = None
+    if have != want:
+        changed.append(conf)
+        if not check:
+            tmp = conf + '.gpufleet-tmp'
+            with open(tmp, 'w') as fh:
+                fh.write(want)
+            os.chmod(tmp, 0o644)
+            os.rename(tmp, conf)
+            done = subprocess.run([ldconfig], check=False, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            if done.returncode != 0:
+                raise OSError('{0} failed: {1}'.format(ldconfig, done.stderr.decode('utf-8', 'replace').strip()))
+    target = '{0}/bin/nvidia-smi'.format(mount.rstrip('/'))
+    if not (os.path.islink(smi_link) and os.readlink(smi_link) == target):
+        changed.append(smi_link)
+        if not check:
+            tmp = smi_link + '.gpufleet-tmp'
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            os.symlink(target, tmp)
+            os.rename(tmp, smi_link)
+    return changed
+
+
+def userspace_driver(node_version, mode='bind', mount=None, check=False, ldconfig='ldconfig'):
+    """A container's NVIDIA userspace driver against its node's kernel module: in bind mode the loader is first
+    pointed at the bound-in bundle (in check mode only reported). Returns {node_version, version, library,
+    match, changed_files}."""
+    changed = bind_userspace(mount, check, ldconfig=ldconfig) if mode == 'bind' else []
+    library, version = loaded_libcuda(ldconfig)  # in check mode: what the container loads now
+    return {'node_version': node_version, 'version': version, 'library': library,
+            'match': version is not None and version == node_version, 'changed_files': changed}

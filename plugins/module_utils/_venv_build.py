@@ -29,6 +29,7 @@ import time
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv
 
 MARKER = 'gpufleet-venv.json'
+LOCK_COPY = 'gpufleet-requirements.lock'  # each venv keeps the lock it was built from
 ID = re.compile(r'^[0-9a-f]{16}$')
 
 
@@ -114,11 +115,28 @@ def read_history(root):
         return []
 
 
-def write_json(path, data):
+def write_text(path, text, mode=0o644):
+    """text at path, replaced in one rename (the directory made when missing)."""
+    parent = os.path.dirname(path)
+    if parent and not os.path.isdir(parent):
+        os.makedirs(parent, 0o755)
     tmp = '{0}.tmp{1}'.format(path, os.getpid())
     with io.open(tmp, 'w', encoding='utf-8') as fh:
-        fh.write(json.dumps(data, indent=2, sort_keys=True) + '\n')
+        fh.write(text)
+    os.chmod(tmp, mode)
     os.rename(tmp, path)
+
+
+def write_json(path, data):
+    write_text(path, json.dumps(data, indent=2, sort_keys=True) + '\n')
+
+
+def read_text(path):
+    try:
+        with io.open(path, encoding='utf-8') as fh:
+            return fh.read()
+    except (IOError, OSError):
+        return None
 
 
 def switch(link, target):
@@ -174,7 +192,8 @@ def tail(text, lines=20):
     return '\n'.join((text or '').strip().splitlines()[-lines:])
 
 
-def build(target, lock_path, lock_text, overrides, python, uv, install_args, env, imports, timeout):
+
+def build(target, lock_text, overrides, python, uv, install_args, env, imports, timeout):
     """Make the venv at target; raises BuildError (target removed) when any step or check fails."""
     timings = {}
     try:
@@ -191,7 +210,10 @@ def build(target, lock_path, lock_text, overrides, python, uv, install_args, env
             os.unlink(part)
         timings['install_s'] = round(time.time() - started, 2)
         started = time.time()
-        report = _venv.audit(target, lock_path, 'fast', 'uv', install_args, overrides, uv)
+        own_lock = os.path.join(target, LOCK_COPY)  # the venv keeps the lock it was built from
+        with io.open(own_lock, 'w', encoding='utf-8') as fh:
+            fh.write(lock_text)
+        report = _venv.audit(target, own_lock, 'fast', 'uv', install_args, overrides, uv)
         timings['audit_s'] = round(time.time() - started, 2)
         if not report['healthy']:
             raise BuildError('the new venv failed its audit: {0}'.format(summary(report['findings'])),
@@ -222,11 +244,13 @@ def summary(findings):
 
 def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=(), install_args=(),
            cache_dir=None, keep=2, imports=('torch',), rollback=False, check=False, timeout=3600,
-           python_version_wanted=None, meta=None):
+           python_version_wanted=None, meta=None, lock_text=None):
     """Make the lock's venv active at link (building it when it does not exist yet), or roll back.
-    Returns the result dict; raises ValueError for bad input (nothing changed) and BuildError for a failed
-    build (the active venv untouched)."""
+    With lock_text, that is the lock, and it is written to lock_path once its venv is active (so the lock on
+    the target always describes the active venv). Returns the result dict; raises ValueError for bad input
+    (nothing changed) and BuildError for a failed build (the active venv and the lock file untouched)."""
     check_link(link)
+    given = lock_text is not None and not rollback
     if keep < 0:
         raise ValueError('keep: must be 0 or more, got {0}'.format(keep))
     history = read_history(root)
@@ -241,8 +265,9 @@ def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=
             raise ValueError('rollback: there is no previous venv under {0} to go back to'.format(root))
         vid = candidates[0]
     else:
-        with io.open(lock_path, encoding='utf-8') as fh:
-            lock_text = fh.read()
+        if lock_text is None:
+            with io.open(lock_path, encoding='utf-8') as fh:
+                lock_text = fh.read()
         phases(lock_text, overrides)  # validates before anything changes
         interpreter = python_version(python)
         have = interpreter.split()[1] if len(interpreter.split()) > 1 else ''
@@ -257,8 +282,9 @@ def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=
     if need_switch or history[-1:] != [vid]:
         history = [h for h in history if h != vid] + [vid]
     remove = [r for r in plan_prune(root, kept(root, history, vid, keep)) if r != vid]
-    result.update(changed=bool(need_build or need_switch or remove), built=need_build, switched=need_switch,
-                  removed=remove)
+    write_lock = given and read_text(lock_path) != lock_text
+    result.update(changed=bool(need_build or need_switch or remove or write_lock), built=need_build,
+                  switched=need_switch, removed=remove, lock_written=bool(write_lock))
     if check or not result['changed']:
         return result
     if not os.path.isdir(root):
@@ -271,7 +297,7 @@ def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=
                 env['UV_CACHE_DIR'] = cache_dir
             if os.path.exists(target):
                 shutil.rmtree(target)  # an unfinished build of an earlier run
-            timings, report = build(target, lock_path, lock_text, overrides, python, uv, install_args, env,
+            timings, report = build(target, lock_text, overrides, python, uv, install_args, env,
                                     list(imports), timeout)
             result['timings'] = timings
             result['distributions'] = report['distributions']
@@ -283,4 +309,6 @@ def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=
         write_json(os.path.join(root, 'history.json'), history)
         for name in remove:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        if write_lock:
+            write_text(lock_path, lock_text)
     return result

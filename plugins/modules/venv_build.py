@@ -37,7 +37,14 @@ options:
     description:
       - A lock on the target in requirements format, every package pinned with C(==) and hashed
         (C(uv pip compile --generate-hashes) writes one). Required unless O(rollback=true).
+      - With O(lock_content), where that lock is written once its venv is active.
     type: path
+  lock_content:
+    description:
+      - The lock itself, given by the controller (for example with C(lookup('file', ..., rstrip=false))). It is
+        checked and built from, and written to O(lock) only after its venv is active, so a failed build leaves
+        the lock file as it was. Saves putting the file there with a task of its own.
+    type: str
   root:
     description: The directory holding the venvs.
     type: path
@@ -129,6 +136,10 @@ switched:
   description: Whether the link was switched.
   returned: always
   type: bool
+lock_written:
+  description: Whether O(lock_content) was (would be, in check mode) written to O(lock).
+  returned: when not O(rollback)
+  type: bool
 removed:
   description: Ids of old venvs and unfinished builds removed.
   returned: always
@@ -161,14 +172,14 @@ def main():
         install_args=dict(type='list', elements='str', default=[]), cache_dir=dict(type='path'),
         imports=dict(type='list', elements='str', default=['torch']), keep=dict(type='int', default=2),
         rollback=dict(type='bool', default=False), timeout=dict(type='int', default=3600),
-        python_version=dict(type='str'), meta=dict(type='dict', default={})),
+        python_version=dict(type='str'), meta=dict(type='dict', default={}), lock_content=dict(type='str')),
         required_if=[('rollback', False, ('lock',))], supports_check_mode=True)
     p = module.params
     try:
         result = _venv_build.deploy(p['root'], p['link'], p['lock'], p['python'], p['uv'], p['overrides'],
                                     p['install_args'], p['cache_dir'], p['keep'], p['imports'], p['rollback'],
                                     module.check_mode, p['timeout'], p['python_version'],
-                                    p['meta'])
+                                    p['meta'], p['lock_content'])
     except _venv_build.BuildError as e:
         module.fail_json(msg='venv_build: {0}; the active venv is unchanged'.format(e), **e.details)
     except (ValueError, IOError, OSError) as e:

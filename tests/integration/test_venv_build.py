@@ -91,6 +91,25 @@ def test_build_switch_idempotence_failure_and_rollback(build, tmp_path, wheels):
     assert 'no previous venv' in nothing['msg']
 
 
+def test_a_lock_given_as_content_is_written_only_once_its_venv_is_active(build, tmp_path, wheels):
+    target = tmp_path / 'profiles' / 'p' / 'requirements.lock'  # its directory does not exist yet
+    text = open(lock(wheels, tmp_path / 'a.lock', *STACK)).read()
+    planned = build(str(target), check=True, lock_content=text)
+    assert planned['built'] and planned['lock_written'] and not target.exists()
+    one = build(str(target), lock_content=text)
+    assert one['built'] and one['lock_written'] and target.read_text() == text
+    assert (tmp_path / 'venv' / 'gpufleet-requirements.lock').read_text() == text  # the venv keeps its own
+    assert not build(str(target), lock_content=text)['changed']
+    target.write_text(text + '# edited by hand\n')
+    rewritten = build(str(target), lock_content=text)
+    assert rewritten['changed'] and rewritten['lock_written'] and not rewritten['built']
+    assert target.read_text() == text
+    # A lock that fails its build leaves the lock file as it was.
+    broken = open(lock(wheels, tmp_path / 'broken.lock', 'fake-torch==1.0')).read()
+    build(str(target), fail=True, lock_content=broken, overrides=[])
+    assert target.read_text() == text and flavour(str(tmp_path / 'venv')) == 'cu13'
+
+
 def test_bad_input_is_refused_before_anything_changes(build, tmp_path, wheels):
     link = tmp_path / 'venv'
     unpinned = tmp_path / 'unpinned.lock'
