@@ -192,7 +192,6 @@ def tail(text, lines=20):
     return '\n'.join((text or '').strip().splitlines()[-lines:])
 
 
-
 def build(target, lock_text, overrides, python, uv, install_args, env, imports, timeout):
     """Make the venv at target; raises BuildError (target removed) when any step or check fails."""
     timings = {}

@@ -72,6 +72,8 @@ def inventory_secrets(ansible_argv, env=None):
             '{{% set ns.v = ns.v + [lookup("ansible.builtin.vars", n, default="") | string] %}}{{% endfor %}}'
             'GPUFLEET-SECRETS:{{{{ ns.v | to_json | b64encode }}}}').format(names)
     argv = ansible_argv + ['all:localhost', '-m', 'ansible.builtin.debug', '-a', 'msg=' + expr]
+    env = dict(env if env is not None else os.environ, ANSIBLE_STDOUT_CALLBACK='ansible.builtin.default',
+               ANSIBLE_NOCOLOR='1')
     try:
         done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
