@@ -16,6 +16,8 @@ import re
 import stat
 import subprocess
 
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import read_text, replace_link, write_text
+
 FRONTEND_MAJOR = 195
 CONTROL_NODES = {'nvidiactl': 255, 'nvidia-modeset': 254}
 UVM_NODES = {'nvidia-uvm': 0, 'nvidia-uvm-tools': 1}
@@ -195,19 +197,10 @@ def bind_userspace(mount, check=False, conf=LOADER_CONF, smi_link=SMI_LINK, ldco
     linked from mount/bin); the loader's cache refreshed when its config changed. Returns what changed."""
     changed = []
     want = '{0}/lib\n'.format(mount.rstrip('/'))
-    try:
-        with open(conf) as fh:
-            have = fh.read()
-    except (IOError, OSError):
-        have = None
-    if have != want:
+    if read_text(conf) != want:
         changed.append(conf)
         if not check:
-            tmp = conf + '.gpufleet-tmp'
-            with open(tmp, 'w') as fh:
-                fh.write(want)
-            os.chmod(tmp, 0o644)
-            os.rename(tmp, conf)
+            write_text(conf, want)
             done = subprocess.run([ldconfig], check=False, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             if done.returncode != 0:
                 raise OSError('{0} failed: {1}'.format(ldconfig, done.stderr.decode('utf-8', 'replace').strip()))
@@ -215,11 +208,7 @@ def bind_userspace(mount, check=False, conf=LOADER_CONF, smi_link=SMI_LINK, ldco
     if not (os.path.islink(smi_link) and os.readlink(smi_link) == target):
         changed.append(smi_link)
         if not check:
-            tmp = smi_link + '.gpufleet-tmp'
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
-            os.symlink(target, tmp)
-            os.rename(tmp, smi_link)
+            replace_link(smi_link, target)
     return changed
 
 

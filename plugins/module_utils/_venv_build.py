@@ -27,6 +27,7 @@ import subprocess
 import time
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import read_text, replace_link, write_text
 
 MARKER = 'gpufleet-venv.json'
 LOCK_COPY = 'gpufleet-requirements.lock'  # each venv keeps the lock it was built from
@@ -115,37 +116,8 @@ def read_history(root):
         return []
 
 
-def write_text(path, text, mode=0o644):
-    """text at path, replaced in one rename (the directory made when missing)."""
-    parent = os.path.dirname(path)
-    if parent and not os.path.isdir(parent):
-        os.makedirs(parent, 0o755)
-    tmp = '{0}.tmp{1}'.format(path, os.getpid())
-    with io.open(tmp, 'w', encoding='utf-8') as fh:
-        fh.write(text)
-    os.chmod(tmp, mode)
-    os.rename(tmp, path)
-
-
 def write_json(path, data):
     write_text(path, json.dumps(data, indent=2, sort_keys=True) + '\n')
-
-
-def read_text(path):
-    try:
-        with io.open(path, encoding='utf-8') as fh:
-            return fh.read()
-    except (IOError, OSError):
-        return None
-
-
-def switch(link, target):
-    """Point link at target in one rename: a job starting at any moment sees the old venv or the new one."""
-    tmp = '{0}.gpufleet-{1}'.format(link, os.getpid())
-    if os.path.lexists(tmp):
-        os.unlink(tmp)
-    os.symlink(target, tmp)
-    os.rename(tmp, link)
 
 
 def check_link(link):
@@ -210,8 +182,7 @@ def build(target, lock_text, overrides, python, uv, install_args, env, imports, 
         timings['install_s'] = round(time.time() - started, 2)
         started = time.time()
         own_lock = os.path.join(target, LOCK_COPY)  # the venv keeps the lock it was built from
-        with io.open(own_lock, 'w', encoding='utf-8') as fh:
-            fh.write(lock_text)
+        write_text(own_lock, lock_text)
         report = _venv.audit(target, own_lock, 'fast', 'uv', install_args, overrides, uv)
         timings['audit_s'] = round(time.time() - started, 2)
         if not report['healthy']:
@@ -304,7 +275,7 @@ def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=
                 'id': vid, 'lock_sha256': hashlib.sha256(lock_text.encode('utf-8')).hexdigest(),
                 'overrides': list(overrides), 'python': python, 'built_at': int(time.time()), 'meta': meta or {}})
         if need_switch:
-            switch(link, target)
+            replace_link(link, target)  # a job starting at any moment sees the old venv or the new one
         write_json(os.path.join(root, 'history.json'), history)
         for name in remove:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)

@@ -137,8 +137,8 @@ switched:
   returned: always
   type: bool
 lock_written:
-  description: Whether O(lock_content) was (would be, in check mode) written to O(lock).
-  returned: when not O(rollback)
+  description: Whether O(lock_content) was (would be, in check mode) written to O(lock); false without it.
+  returned: always
   type: bool
 removed:
   description: Ids of old venvs and unfinished builds removed.
