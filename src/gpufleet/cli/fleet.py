@@ -9,6 +9,7 @@ ansible-runner, with live progress, a table per container at the end (or --json)
 Each run keeps its artifacts and reports under a private (0700) directory, scrubbed of secrets.
 """
 
+import argparse
 import json
 import os
 import shlex
@@ -124,7 +125,7 @@ def run(args):
     values, error = gather_secrets(args, env)
     scrubber = secrets.Scrubber(values)
     if error:
-        show.fail('warning: the inventory\'s secret variables could not be read, so only the environment\'s, '
+        show.warn('the inventory\'s secret variables could not be read, so only the environment\'s, '
                   '-e\'s and the vault password are scrubbed: ' + scrubber.text(error))
     fix = getattr(args, 'fix', False)
     cmdline = ansible_options(args)
@@ -141,13 +142,21 @@ def run(args):
                      read_json(os.path.join(reports, 'drift', 'summary.json')))
     if r.stats is None:
         tail = scrubber.text(''.join(r.stdout.readlines()[-20:]))
-        show.fail('ansible-playbook did not run its plays:\n' + tail)
-    result['artifacts'] = os.path.join(home, 'artifacts', ident)
+        show.error('ansible-playbook did not run its plays:\n' + tail)
+    artifacts = os.path.join(home, 'artifacts', ident)
+    result['artifacts'] = artifacts
     result['reports'] = reports
-    scrubber.tree(home)
+    # This run's files only: the runs before it were scrubbed when they ended. Anything ansible-runner put
+    # beside the runs (inputs under the private directory) is scrubbed too.
+    scrubber.tree(artifacts)
+    for name in os.listdir(home):
+        if name != 'artifacts':
+            scrubber.tree(os.path.join(home, name))
+    # What is printed, as a table or as JSON, is this one scrubbed result.
+    result = json.loads(scrubber.text(json.dumps(result, default=str)))
     result['scrubbed'] = scrubber.count
     if args.json:
-        print(scrubber.text(json.dumps(result, indent=2, sort_keys=True, default=str)))
+        print(json.dumps(result, indent=2, sort_keys=True))
     else:
         show.render(result)
     return result['exit_code']
@@ -173,7 +182,7 @@ def add_parsers(sub):
              'verify': 'verify every container (read only)'}
     for name in ('up', 'drift', 'verify'):
         p = sub.add_parser(name, help=helps[name], description=helps[name] + '.\n\n' + __doc__.split('\n\n')[1],
-                           formatter_class=__import__('argparse').RawDescriptionHelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         for dest, (flags, kw) in common.items():
             p.add_argument(*flags, dest=dest, **kw)
         if name == 'drift':

@@ -127,5 +127,9 @@ def render(result, console=None):
     console.print(result['verdict'], markup=False)
 
 
-def fail(message):
+def error(message):
     print('gpufleet: ' + message, file=sys.stderr)
+
+
+def warn(message):
+    error('warning: ' + message)
