@@ -29,6 +29,17 @@ def test_the_default_profile_pins_the_mission_stack():
     assert meta['expect']['torch_version'] == '2.11.0+cu128' and meta['expect']['cudnn_version'] == 91900
 
 
+def test_the_default_lock_holds_both_flavours_of_the_shared_libraries():
+    pins, problems = profiles.read_lock(os.path.join(SHIPPED, 'default', 'requirements.lock'))
+    assert problems == []
+    assert pins['torch'][0] == '2.11.0+cu128' and len(pins['torch'][1]) == 1
+    # torch's own cu12 wheels and the cu13 overrides install the same nvidia/<lib>/lib files: both are locked, so
+    # the build installs the cu12 ones first and the declared overrides last.
+    for lib, cu12 in (('cudnn', '9.19.0.56'), ('cusparselt', '0.7.1'), ('nccl', '2.28.9'), ('nvshmem', '3.4.5')):
+        assert pins['nvidia-{0}-cu12'.format(lib)][0] == cu12
+        assert 'nvidia-{0}-cu13'.format(lib) in pins
+
+
 def test_disagreements_are_named(tmp_path):
     d = tmp_path / 'cpu'
     shutil.copytree(os.path.join(SHIPPED, 'cpu'), d)
