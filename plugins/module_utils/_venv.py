@@ -139,9 +139,12 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
             owners.setdefault(path, []).append(d)
             if digest is None:
                 continue  # RECORD itself, .pyc files
-            if not os.path.lexists(path):
-                missing.append(rel)
-            elif size is not None and os.path.getsize(path) != size:
+            try:
+                st = os.stat(path)  # one system call a file: fast mode's whole cost
+            except OSError:
+                (modified if os.path.lexists(path) else missing).append(rel)  # a dangling link is not the file
+                continue
+            if size is not None and st.st_size != size:
                 modified.append(rel)
             elif mode == 'full' and file_digest(path) != digest:
                 modified.append(rel)

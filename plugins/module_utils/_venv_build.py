@@ -6,6 +6,8 @@ switch a stable symlink to it atomically, keeping the previous ones for rollback
 
     <root>/<id>/                 a venv; <id> = sha256 of the lock, the overrides and the Python version
     <root>/<id>/gpufleet-venv.json   written last: a venv without it is an unfinished build
+    <root>/<id>/gpufleet-requirements.lock   the lock it was built from
+    <root>/<id>/gpufleet-verified.json   torch_verify's record of the venv's last passing verification (_verify)
     <root>/history.json          the ids in the order they were made active, newest last
     <link> -> <root>/<id>        the stable path jobs use (/root/venv)
 
@@ -26,7 +28,7 @@ import shutil
 import subprocess
 import time
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv, _verify
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import read_text, replace_link, write_text
 
 MARKER = 'gpufleet-venv.json'
@@ -160,6 +162,25 @@ def run(argv, env, timeout, what):
     return out
 
 
+def ensure_uv(uv, python, version, find_links=None, check=False):
+    """Install uv==version in its own venv (the uv path's grandparent, as in <dir>/<version>/bin/uv) when uv is
+    not there yet. True when it was installed (in check mode: would be)."""
+    if not version or os.path.exists(uv):
+        return False
+    if check:
+        return True
+    home = os.path.dirname(os.path.dirname(uv))
+    run([python, '-m', 'venv', home], None, 600, 'making the venv for uv')
+    argv = [os.path.join(home, 'bin', 'pip'), 'install', '--quiet', '--disable-pip-version-check', 'uv==' + version]
+    if find_links:
+        argv += ['--no-index', '--find-links', find_links]
+    run(argv, None, 1200, 'installing uv {0}'.format(version))
+    if not os.path.exists(uv):
+        raise BuildError('uv {0} was installed, but {1} is not there: uv must be <dir>/<version>/bin/uv'.format(
+            version, uv))
+    return True
+
+
 def tail(text, lines=20):
     return '\n'.join((text or '').strip().splitlines()[-lines:])
 
@@ -214,11 +235,28 @@ def summary(findings):
 
 def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=(), install_args=(),
            cache_dir=None, keep=2, imports=('torch',), rollback=False, check=False, timeout=3600,
-           python_version_wanted=None, meta=None, lock_text=None):
+           python_version_wanted=None, meta=None, lock_text=None, uv_version=None, uv_find_links=None,
+           audit=False):
     """Make the lock's venv active at link (building it when it does not exist yet), or roll back.
     With lock_text, that is the lock, and it is written to lock_path once its venv is active (so the lock on
-    the target always describes the active venv). Returns the result dict; raises ValueError for bad input
-    (nothing changed) and BuildError for a failed build (the active venv and the lock file untouched)."""
+    the target always describes the active venv). With uv_version, uv is installed first where it is missing.
+    With audit, the result also holds the active venv's audit against its own lock and its last verification
+    (when the lock's venv is the active one, or would be without check mode). Returns the result dict; raises
+    ValueError for bad input (nothing changed) and BuildError for a failed build (the active venv and the lock
+    file untouched)."""
+    result = deploy_venv(root, link, lock_path, python, uv, overrides, install_args, cache_dir, keep, imports,
+                         rollback, check, timeout, python_version_wanted, meta, lock_text, uv_version, uv_find_links)
+    if audit and not (check and (result['built'] or result['switched'])):
+        venv = result['venv']
+        own = os.path.join(venv, LOCK_COPY)
+        result['audit'] = _venv.audit(link, own if os.path.exists(own) else lock_path, 'fast', 'uv', install_args,
+                                      overrides, uv)
+        result['verified'] = _verify.read_record(venv)
+    return result
+
+
+def deploy_venv(root, link, lock_path, python, uv, overrides, install_args, cache_dir, keep, imports, rollback,
+                check, timeout, python_version_wanted, meta, lock_text, uv_version, uv_find_links):
     check_link(link)
     given = lock_text is not None and not rollback
     if keep < 0:
@@ -253,9 +291,10 @@ def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=
         history = [h for h in history if h != vid] + [vid]
     remove = [r for r in plan_prune(root, kept(root, history, vid, keep)) if r != vid]
     write_lock = given and read_text(lock_path) != lock_text
-    result.update(changed=bool(need_build or need_switch or remove or write_lock), built=need_build,
-                  switched=need_switch, removed=remove, lock_written=bool(write_lock))
-    if check or not result['changed']:
+    result['uv_installed'] = ensure_uv(uv, python, uv_version, uv_find_links, check)
+    result.update(changed=bool(need_build or need_switch or remove or write_lock or result['uv_installed']),
+                  built=need_build, switched=need_switch, removed=remove, lock_written=bool(write_lock))
+    if check or not (need_build or need_switch or remove or write_lock):
         return result
     if not os.path.isdir(root):
         os.makedirs(root, 0o755)

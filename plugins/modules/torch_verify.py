@@ -23,6 +23,10 @@ description:
     C(/dev/nvidia*) nodes exist, and for each whether opening it works, gives EPERM (passthrough or cgroup
     wrong) or ENXIO/ENODEV (no driver behind it) - and the userspace driver against the node's.
   - Changes nothing, so it runs in check mode too. The module itself uses only the standard library.
+  - With O(record_fingerprint), a passing verification outside check mode is kept in the venv
+    (C(gpufleet-verified.json), with that fingerprint and the time), so that a later run whose inputs give the
+    same fingerprint may reuse it (the verify role's C(verify_max_age)). That record is its only write, and it
+    is not reported as a change.
 author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
@@ -78,6 +82,11 @@ options:
     description: Seconds the probe may take.
     type: int
     default: 300
+  record_fingerprint:
+    description:
+      - The caller's fingerprint of everything this verification depends on (the venv, the driver, the devices,
+        the expectations). Given, a passing verification is recorded in the venv under it.
+    type: str
 '''
 
 EXAMPLES = r'''
@@ -95,6 +104,10 @@ EXAMPLES = r'''
 '''
 
 RETURN = r'''
+recorded:
+  description: Whether this passing verification was recorded in the venv (O(record_fingerprint)).
+  returned: when recorded
+  type: bool
 torch_version:
   description: C(torch.__version__).
   returned: when torch imports
@@ -163,11 +176,18 @@ def main():
         expect_nccl_version=dict(type='str'), expect_driver_version=dict(type='str'),
         smoke=dict(type='str', choices=['none', 'matmul'], default='none'), min_tflops=dict(type='float'),
         compile_check=dict(type='bool', default=False), compile_backend=dict(type='str', default='inductor'),
-        dev_dir=dict(type='path', default='/dev'), timeout=dict(type='int', default=300)),
+        dev_dir=dict(type='path', default='/dev'), timeout=dict(type='int', default=300),
+        record_fingerprint=dict(type='str')),
         supports_check_mode=True)
     result = _verify.verify(module.params['venv'], module.params, module.params['dev_dir'])
     if result['failures']:
         module.fail_json(msg='torch_verify: {0}'.format(_verify.message(result)), changed=False, **result)
+    if module.params['record_fingerprint'] and not module.check_mode:
+        try:
+            _verify.write_record(module.params['venv'], module.params['record_fingerprint'], result)
+            result['recorded'] = True
+        except (IOError, OSError) as e:
+            module.warn('torch_verify: the verification passed but could not be recorded: {0}'.format(e))
     module.exit_json(changed=False, **result)
 
 

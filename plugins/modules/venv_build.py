@@ -22,7 +22,10 @@ description:
     with its Python. Only then is the link switched, in one rename.
   - A failed build or check removes the new venv, leaves the active one untouched and fails saying why.
   - Keeps the O(keep) venvs that were active before, for O(rollback); removes older ones and unfinished builds.
-  - Runs with the target's system Python and the standard library; uv must be on the target.
+  - Runs with the target's system Python and the standard library. uv must be on the target, or
+    O(uv_version) given, and then it is installed at O(uv) first.
+  - With O(audit=true) it also returns the active venv's audit (RV(audit)) and its last verification
+    (RV(verified)), so one call tells a drift run all it needs to know about the venv.
 author:
   - gpufleet maintainers (@gpufleet)
 attributes:
@@ -64,6 +67,21 @@ options:
     description: The uv executable.
     type: path
     default: uv
+  uv_version:
+    description:
+      - Install uv of this version where O(uv) is missing, in its own venv made with O(python), so that O(uv) is
+        C(<dir>/<version>/bin/uv). Nothing is installed when O(uv) exists.
+    type: str
+  uv_find_links:
+    description: Install uv from this wheelhouse alone (offline), not from the package index.
+    type: path
+  audit:
+    description:
+      - Also audit the active venv against the lock it was built from, as M(gpufleet.proxmox.venv_audit) does in
+        fast mode (the plan uses O(uv) and O(install_args)), and read its last verification. In check mode only
+        when the lock's venv is already the active one.
+    type: bool
+    default: false
   overrides:
     description:
       - Distributions installed after all the others, whose files are meant to win where they share paths
@@ -136,6 +154,21 @@ switched:
   description: Whether the link was switched.
   returned: always
   type: bool
+uv_installed:
+  description: Whether uv was (would be, in check mode) installed.
+  returned: success
+  type: bool
+audit:
+  description: The active venv's audit, with the keys M(gpufleet.proxmox.venv_audit) returns (healthy, findings, plan).
+  returned: with O(audit=true), unless check mode would build or switch
+  type: dict
+verified:
+  description:
+    - The record M(gpufleet.proxmox.torch_verify) left in the active venv at its last passing verification
+      (C(fingerprint), C(verified_at), C(result)), with C(age_s), its age on the target's clock; null when
+      there is none.
+  returned: with O(audit=true), unless check mode would build or switch
+  type: dict
 lock_written:
   description: Whether O(lock_content) was (would be, in check mode) written to O(lock); false without it.
   returned: always
@@ -172,14 +205,16 @@ def main():
         install_args=dict(type='list', elements='str', default=[]), cache_dir=dict(type='path'),
         imports=dict(type='list', elements='str', default=['torch']), keep=dict(type='int', default=2),
         rollback=dict(type='bool', default=False), timeout=dict(type='int', default=3600),
-        python_version=dict(type='str'), meta=dict(type='dict', default={}), lock_content=dict(type='str')),
+        python_version=dict(type='str'), meta=dict(type='dict', default={}), lock_content=dict(type='str'),
+        uv_version=dict(type='str'), uv_find_links=dict(type='path'), audit=dict(type='bool', default=False)),
         required_if=[('rollback', False, ('lock',))], supports_check_mode=True)
     p = module.params
     try:
         result = _venv_build.deploy(p['root'], p['link'], p['lock'], p['python'], p['uv'], p['overrides'],
                                     p['install_args'], p['cache_dir'], p['keep'], p['imports'], p['rollback'],
                                     module.check_mode, p['timeout'], p['python_version'],
-                                    p['meta'], p['lock_content'])
+                                    p['meta'], p['lock_content'], p['uv_version'], p['uv_find_links'],
+                                    p['audit'])
     except _venv_build.BuildError as e:
         module.fail_json(msg='venv_build: {0}; the active venv is unchanged'.format(e), **e.details)
     except (ValueError, IOError, OSError) as e:

@@ -101,11 +101,40 @@ def test_check_reports_every_injected_item_and_changes_nothing_then_a_run_repair
     assert 'dev0' in pve.ct(B).config.get()
     verified = json.loads((tmp_path / 'reports' / 'summary.json').read_text())
     assert verified['ok'] is True and {r['host'] for r in verified['containers']} == {'drift-a', 'drift-b'}
+    assert 'reused' not in host_report(tmp_path, 'drift-a')['torch']  # a repaired venv is verified afresh
 
     clean = drift(tmp_path, fleet['fleet'], '--check')
     assert clean.rc == 0
     assert summary(tmp_path)['drift'] is False, summary(tmp_path)
     assert all(s['changed'] == 0 for s in clean.stats.values()), clean.stats
+
+
+def host_report(tmp_path, host):
+    return json.loads((tmp_path / 'reports' / (host + '.json')).read_text())
+
+
+def test_a_check_reuses_the_last_verification_only_while_what_it_saw_holds(fleet, tmp_path):
+    recorded = json.loads(sh(A, 'cat /root/venv/gpufleet-verified.json').stdout)
+    # nothing changed since the last passing verification: the check reuses it (no torch import)
+    check = drift(tmp_path, fleet['fleet'], '--check')
+    assert check.rc == 0, check.stdout[-3000:]
+    a = host_report(tmp_path, 'drift-a')
+    assert a['ok'] and a['torch']['reused'] is True and a['torch']['verified_at'] == recorded['verified_at']
+    assert a['torch']['torch_version'] == recorded['result']['torch_version'] and 0 <= a['torch']['age_s'] <= 3600
+    # another expectation is another fingerprint: torch is imported again, and the check reports the failure
+    other = drift(tmp_path, fleet['fleet'], '--check', '-e', '{"verify_expect": {"torch_version": "0.0.1"}}')
+    assert other.rc == 0, other.stdout[-3000:]
+    a = host_report(tmp_path, 'drift-a')
+    assert 'reused' not in a['torch'] and not a['ok']
+    assert [f['check'] for f in a['torch']['failures']] == ['torch_version']
+    assert ('verify', 'torch_version') in [(i['stage'], i['item']) for i in summary(tmp_path)['containers']['drift-a']]
+    # verify_max_age=0: always imported
+    fresh = drift(tmp_path, fleet['fleet'], '--check', '-e', 'verify_max_age=0')
+    assert fresh.rc == 0, fresh.stdout[-3000:]
+    a = host_report(tmp_path, 'drift-a')
+    assert a['ok'] and 'reused' not in a['torch'] and a['torch']['timings']['import_s'] > 0
+    # check mode recorded nothing
+    assert json.loads(sh(A, 'cat /root/venv/gpufleet-verified.json').stdout) == recorded
 
 
 def test_check_reports_the_nodes_uvm_and_a_containers_driver_then_a_run_repairs(fleet, tmp_path, lab):

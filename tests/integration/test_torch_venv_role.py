@@ -71,6 +71,10 @@ def test_build_then_nothing_to_do(built, tmp_path, lab):
     assert os.stat(cache).st_uid == 100000  # written by the unprivileged container's root
     again = venv_site(tmp_path)
     assert again.rc == 0 and all(s['changed'] == 0 for s in again.stats.values()), again.stats
+    # the first run installed the pinned uv (venv_build does, where it is missing); the second found it
+    (first,) = task(built, 'venv-a', 'audit the active venv')
+    (second,) = task(again, 'venv-a', 'audit the active venv')
+    assert first['uv_installed'] and not second['uv_installed'] and second['audit']['healthy']
 
 
 def test_drift_reported_in_check_mode_then_repaired(built, tmp_path):
@@ -86,8 +90,11 @@ def test_drift_reported_in_check_mode_then_repaired(built, tmp_path):
 
     check = venv_site(tmp_path, '--check')
     assert check.rc == 0, check.stdout[-3000:]
-    (audit,) = task(check, 'venv-a', 'Audit the active venv')
-    assert audit['changed'] and not audit['healthy']
+    (build,) = task(check, 'venv-a', 'audit the active venv')
+    audit = build['audit']
+    assert not audit['healthy'] and not build['built'] and not build['switched']
+    (remember,) = task(check, 'venv-a', 'Remember the active venv and its audit')
+    assert remember['changed']  # what a repair run would change
     assert [b['name'] for b in audit['findings']['broken_distributions']] == ['typing_extensions']
     assert audit['findings']['drift']['extra'] == [{'name': 'stray', 'version': '1.0'}]
     assert torch_version().startswith('FAILED')  # check mode changed nothing
@@ -106,14 +113,14 @@ def test_failed_build_keeps_the_active_venv_and_rollback(built, tmp_path):
     bad = lock.replace(lock.split('--hash=sha256:')[1][:64], '0' * 64, 1)
     failed = venv_site(tmp_path, torch_venv_profile=profile(tmp_path, 'tampered', bad))
     assert failed.rc != 0
-    (res,) = task(failed, 'venv-a', 'switch to it')
+    (res,) = task(failed, 'venv-a', 'audit the active venv')
     assert res['failed'] and 'the active venv is unchanged' in res['msg'] and 'hash' in res['msg'].lower()
     assert link() == before and torch_version() == '2.13.0+cpu'
 
     # the same packages under another lock: a new venv beside (the node's cache is warm), then back
     newer = venv_site(tmp_path, torch_venv_profile=profile(tmp_path, 'newer', lock + '# rebuilt\n'))
     assert newer.rc == 0, newer.stdout[-3000:]
-    (res,) = task(newer, 'venv-a', 'switch to it')
+    (res,) = task(newer, 'venv-a', 'audit the active venv')
     assert res['built'] and res['previous'] == os.path.basename(before) and link() != before
     back = venv_site(tmp_path, torch_venv_rollback=True)
     assert back.rc == 0, back.stdout[-3000:]
