@@ -62,6 +62,24 @@ def test_passing_expectations_return_the_facts(fleet, tmp_path, creds):
     assert res['compile_ok'] is True and res['timings']['import_s'] > 0 and 'diagnosis' not in res
 
 
+def record(vmid):
+    out = subprocess.run(['pct', 'exec', str(vmid), '--', 'cat', '/root/venv/gpufleet-verified.json'],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_a_passing_verification_is_recorded_under_its_fingerprint(fleet, tmp_path, creds):
+    by_site = record(GPU)  # the verify stage recorded it under the role's fingerprint
+    assert len(by_site['fingerprint']) == 64 and by_site['result']['torch_version'] == '2.13.0+cpu'
+    res = verify(tmp_path, creds, GPU, expect_torch_version='2.13.0+cpu', record_fingerprint='fp-1')
+    assert res['recorded'] is True
+    now = record(GPU)
+    assert now['fingerprint'] == 'fp-1' and now['verified_at'] >= by_site['verified_at']
+    assert now['result']['failures'] == [] and now['result']['torch_version'] == '2.13.0+cpu'
+    failed = verify(tmp_path, creds, GPU, fail=True, expect_torch_version='0.1', record_fingerprint='fp-2')
+    assert 'recorded' not in failed and record(GPU) == now  # a failing verification is never recorded
+
+
 def test_wrong_expectations_fail_all_at_once(fleet, tmp_path, creds):
     res = verify(tmp_path, creds, GPU, fail=True, expect_torch_version='2.11.0+cu128', expect_cuda_version='12.8',
                  expect_cudnn_version=91900, expect_nccl_version='2.28.9', expect_driver_version='570.1')
