@@ -18,10 +18,6 @@ import yaml
 PIN = re.compile(r'^([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([^\s;]+)$')
 
 
-def canon(name):
-    return re.sub(r'[-_.]+', '-', name).lower()
-
-
 def load(directory):
     with open(os.path.join(directory, 'profile.yml')) as fh:
         meta = yaml.safe_load(fh) or {}
@@ -49,22 +45,39 @@ def lock_argv(directory, find_links=None):
     return argv + ['--custom-compile-command', shown]
 
 
+def collection_venv():
+    """The collection's lock parser (module_utils _venv): the one that venv_build and venv_audit use. From the
+    collections path (a checkout's .collections, or where the collection is installed)."""
+    try:
+        from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv
+        return _venv
+    except ImportError:
+        pass
+    from ansible import constants
+    from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
+    checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                            '.collections')
+    paths = list(constants.COLLECTIONS_PATHS) + ([checkout] if os.path.isdir(checkout) else [])
+    _AnsibleCollectionFinder(paths=paths)._install()
+    try:
+        from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv
+    except ImportError:
+        raise SystemExit('gpufleet: the gpufleet.proxmox collection is not on the collections path ({0}); install it '
+                         '(ansible-galaxy collection install gpufleet.proxmox) or run from its checkout'.format(
+                             ':'.join(paths)))
+    return _venv
+
+
 def read_lock(path):
-    """{canonical name: (version, [hashes])} of a lock, with the lines that are not pinned and hashed."""
-    pins, problems = {}, []
+    """{canonical name: (version, [hashes])} of a lock, with the entries that are not pinned and hashed."""
     with open(path) as fh:
-        text = fh.read().replace('\\\n', ' ')
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.split('#', 1)[0].strip()
-        if not line or line.startswith('-'):
+        _options, reqs = collection_venv().parse_lock(fh.read())
+    pins, problems = {}, []
+    for r in reqs:
+        if r['key'] is None or not r['hashes']:
+            problems.append('{0}: {1!r} is not pinned with == and hashed'.format(os.path.basename(path), r['text'][:80]))
             continue
-        spec, _sep, rest = line.partition(' ')
-        m = PIN.match(spec)
-        hashes = re.findall(r'--hash=(\S+)', rest)
-        if not m or not hashes:
-            problems.append('{0}: {1!r} is not pinned with == and hashed'.format(os.path.basename(path), line[:80]))
-            continue
-        pins[canon(m.group(1))] = (m.group(2), hashes)
+        pins[r['key']] = (r['version'], r['hashes'])
     return pins, problems
 
 
@@ -80,13 +93,13 @@ def check(directory):
         if not m:
             problems.append('pyproject.toml: {0!r} is not pinned with =='.format(dep))
             continue
-        got = pins.get(canon(m.group(1)))
+        got = pins.get(collection_venv().canon(m.group(1)))
         if got is None:
             problems.append('{0} is in pyproject.toml but not in the lock'.format(m.group(1)))
         elif got[0] != m.group(2):
             problems.append('{0}: pyproject.toml pins {1}, the lock {2}'.format(m.group(1), m.group(2), got[0]))
     for name in meta.get('overrides') or []:
-        if canon(name) not in pins:
+        if collection_venv().canon(name) not in pins:
             problems.append('profile.yml overrides {0}, which the lock does not hold'.format(name))
     for key in ('python', 'platform', 'expect'):
         if key not in meta:
