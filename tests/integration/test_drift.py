@@ -102,6 +102,7 @@ def test_check_reports_every_injected_item_and_changes_nothing_then_a_run_repair
     verified = json.loads((tmp_path / 'reports' / 'summary.json').read_text())
     assert verified['ok'] is True and {r['host'] for r in verified['containers']} == {'drift-a', 'drift-b'}
     assert 'reused' not in host_report(tmp_path, 'drift-a')['torch']  # a repaired venv is verified afresh
+    assert 'reused' not in host_report(tmp_path, 'drift-b')['torch']  # and so is a container started again
 
     clean = drift(tmp_path, fleet['fleet'], '--check')
     assert clean.rc == 0
