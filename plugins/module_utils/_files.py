@@ -9,6 +9,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import io
+import json
 import os
 
 
@@ -18,6 +19,15 @@ def read_text(path):
         with io.open(path, encoding='utf-8') as fh:
             return fh.read()
     except (IOError, OSError):
+        return None
+
+
+def read_json(path):
+    """The file's JSON document, or None when it cannot be read or parsed."""
+    text = read_text(path)
+    try:
+        return None if text is None else json.loads(text)
+    except ValueError:
         return None
 
 
@@ -31,6 +41,11 @@ def write_text(path, text, mode=0o644):
         fh.write(text)
     os.chmod(tmp, mode)
     os.rename(tmp, path)
+
+
+def write_json(path, data):
+    """data as indented JSON at path, replaced in one rename."""
+    write_text(path, json.dumps(data, indent=2, sort_keys=True) + '\n')
 
 
 def replace_link(link, target):

@@ -21,7 +21,6 @@ __metaclass__ = type
 import fcntl
 import hashlib
 import io
-import json
 import os
 import re
 import shutil
@@ -29,7 +28,8 @@ import subprocess
 import time
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv, _verify
-from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import read_text, replace_link, write_text
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import (
+    read_json, read_text, replace_link, write_json, write_text)
 
 MARKER = 'gpufleet-venv.json'
 LOCK_COPY = 'gpufleet-requirements.lock'  # each venv keeps the lock it was built from
@@ -89,11 +89,7 @@ def venv_id(lock_text, overrides, python):
 
 # -- the venvs on disk ---------------------------------------------------------------------------
 def read_marker(path):
-    try:
-        with io.open(os.path.join(path, MARKER), encoding='utf-8') as fh:
-            return json.load(fh)
-    except (IOError, OSError, ValueError):
-        return None
+    return read_json(os.path.join(path, MARKER))
 
 
 def complete(root, vid):
@@ -111,15 +107,8 @@ def active(root, link):
 
 
 def read_history(root):
-    try:
-        with io.open(os.path.join(root, 'history.json'), encoding='utf-8') as fh:
-            return [h for h in json.load(fh) if isinstance(h, str)]
-    except (IOError, OSError, ValueError):
-        return []
-
-
-def write_json(path, data):
-    write_text(path, json.dumps(data, indent=2, sort_keys=True) + '\n')
+    history = read_json(os.path.join(root, 'history.json'))
+    return [h for h in history if isinstance(h, str)] if isinstance(history, list) else []
 
 
 def check_link(link):
@@ -244,13 +233,15 @@ def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=
     (when the lock's venv is the active one, or would be without check mode). Returns the result dict; raises
     ValueError for bad input (nothing changed) and BuildError for a failed build (the active venv and the lock
     file untouched)."""
-    result = deploy_venv(root, link, lock_path, python, uv, overrides, install_args, cache_dir, keep, imports,
-                         rollback, check, timeout, python_version_wanted, meta, lock_text, uv_version, uv_find_links)
+    result, built_report = deploy_venv(root, link, lock_path, python, uv, overrides, install_args, cache_dir, keep,
+                                       imports, rollback, check, timeout, python_version_wanted, meta, lock_text,
+                                       uv_version, uv_find_links)
     if audit and not (check and (result['built'] or result['switched'])):
         venv = result['venv']
         own = os.path.join(venv, LOCK_COPY)
-        result['audit'] = _venv.audit(link, own if os.path.exists(own) else lock_path, 'fast', 'uv', install_args,
-                                      overrides, uv)
+        # A venv built in this run was audited by its build, against the same lock, moments ago.
+        result['audit'] = built_report or _venv.audit(link, own if os.path.exists(own) else lock_path, 'fast', 'uv',
+                                                      install_args, overrides, uv)
         result['verified'] = _verify.read_record(venv)
     return result
 
@@ -291,11 +282,13 @@ def deploy_venv(root, link, lock_path, python, uv, overrides, install_args, cach
         history = [h for h in history if h != vid] + [vid]
     remove = [r for r in plan_prune(root, kept(root, history, vid, keep)) if r != vid]
     write_lock = given and read_text(lock_path) != lock_text
+    work = bool(need_build or need_switch or remove or write_lock)
     result['uv_installed'] = ensure_uv(uv, python, uv_version, uv_find_links, check)
-    result.update(changed=bool(need_build or need_switch or remove or write_lock or result['uv_installed']),
-                  built=need_build, switched=need_switch, removed=remove, lock_written=bool(write_lock))
-    if check or not (need_build or need_switch or remove or write_lock):
-        return result
+    result.update(changed=work or result['uv_installed'], built=need_build, switched=need_switch, removed=remove,
+                  lock_written=bool(write_lock))
+    report = None
+    if check or not work:
+        return result, report
     if not os.path.isdir(root):
         os.makedirs(root, 0o755)
     with io.open(os.path.join(root, '.lock'), 'w') as lock_fh:
@@ -320,4 +313,4 @@ def deploy_venv(root, link, lock_path, python, uv, overrides, install_args, cach
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
         if write_lock:
             write_text(lock_path, lock_text)
-    return result
+    return result, report

@@ -20,7 +20,7 @@ import subprocess
 import time
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia, _venv
-from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import write_text
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import read_json, write_json
 
 # In the venv: the record of its last passing verification, with the fingerprint of what it depended on.
 RECORD = 'gpufleet-verified.json'
@@ -267,17 +267,13 @@ def write_record(venv, fingerprint, result, now=None):
     """Keep a passing verification in the venv (the link's target), under the caller's fingerprint of what it
     depended on: a later run that computes the same fingerprint may reuse it instead of importing torch."""
     kept = dict((k, v) for k, v in result.items() if k not in ('changed', 'failed', 'msg'))
-    write_text(os.path.join(os.path.realpath(venv), RECORD), json.dumps(
-        {'fingerprint': fingerprint, 'verified_at': int(now or time.time()), 'result': kept}, sort_keys=True) + '\n')
+    write_json(os.path.join(os.path.realpath(venv), RECORD),
+               {'fingerprint': fingerprint, 'verified_at': int(now or time.time()), 'result': kept})
 
 
 def read_record(venv, now=None):
     """The venv's record of its last passing verification, with age_s (its age on this clock), or None."""
-    try:
-        with open(os.path.join(venv, RECORD)) as fh:
-            record = json.load(fh)
-    except (IOError, OSError, ValueError):
-        return None
+    record = read_json(os.path.join(venv, RECORD))
     if not isinstance(record, dict) or not isinstance(record.get('verified_at'), (int, float)):
         return None
     return dict(record, age_s=int((now or time.time()) - record['verified_at']))

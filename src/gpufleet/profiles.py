@@ -88,18 +88,19 @@ def check(directory):
     if not os.path.exists(lock):
         return ['no requirements.lock yet; make it with: gpufleet profile lock {0}'.format(directory)]
     pins, problems = read_lock(lock)
+    canon = collection_venv().canon
     for dep in meta['dependencies']:
         m = PIN.match(dep.strip())
         if not m:
             problems.append('pyproject.toml: {0!r} is not pinned with =='.format(dep))
             continue
-        got = pins.get(collection_venv().canon(m.group(1)))
+        got = pins.get(canon(m.group(1)))
         if got is None:
             problems.append('{0} is in pyproject.toml but not in the lock'.format(m.group(1)))
         elif got[0] != m.group(2):
             problems.append('{0}: pyproject.toml pins {1}, the lock {2}'.format(m.group(1), m.group(2), got[0]))
     for name in meta.get('overrides') or []:
-        if collection_venv().canon(name) not in pins:
+        if canon(name) not in pins:
             problems.append('profile.yml overrides {0}, which the lock does not hold'.format(name))
     for key in ('python', 'platform', 'expect'):
         if key not in meta:
