@@ -1,33 +1,51 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.proxmox contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters over the fleet definition and its reports (the logic lives in module_utils/_fleet.py and _verify.py)."""
+"""Filters over the fleet definition and its reports (the logic lives in module_utils: _fleet, _drift, _verify and
+_verify_role). Each filter imports its module_utils when it is called: Ansible loads this file in every worker that
+uses any of its filters, and most use one."""
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _drift, _fleet, _verify
+import importlib
+
+
+def _utils(name):
+    return importlib.import_module('ansible_collections.gpufleet.proxmox.plugins.module_utils.' + name)
 
 
 def fleet_errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, passthrough='auto'):
-    return _fleet.errors(fleet, nodes, pve, is_root_password, gpu_sharing, passthrough)
+    return _utils('_fleet').errors(fleet, nodes, pve, is_root_password, gpu_sharing, passthrough)
 
 
 def fleet_specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None, shares=None):
-    return _fleet.specs(fleet, nodes, defaults, passthrough, driver_mount, shares)
+    return _utils('_fleet').specs(fleet, nodes, defaults, passthrough, driver_mount, shares)
+
+
+def fleet_hosts(running, fleet, devices=None):
+    return _utils('_fleet').hosts(running, fleet, devices)
 
 
 def fleet_raw(fleet, nodes, majors):
-    return _fleet.raw(fleet, nodes, majors)
+    return _utils('_fleet').raw(fleet, nodes, majors)
 
 
 def fleet_power(specs, restart):
-    return _fleet.power(specs, restart)
+    return _utils('_fleet').power(specs, restart)
 
 
 def fleet_verify_summary(reports):
-    return _verify.summary(reports)
+    return _utils('_verify').summary(reports)
+
+
+def verify_state(facts):
+    return _utils('_verify_role').state(facts)
+
+
+def verify_report(now, audit, result, host, node=None, vmid=None):
+    return _utils('_verify_role').report(now, audit, result, host, node, vmid)
 
 
 def fleet_drift(data, kind, *args):
@@ -35,19 +53,21 @@ def fleet_drift(data, kind, *args):
     args = (fleet,); container: data = {driver, build, audit, report}; summary: data = {nodes, containers},
     args = (check_mode,); reports: data = a summary, the files of the drift run (one per host, and the summary)."""
     if kind == 'node':
-        return _drift.node(data, *args)
+        return _utils('_drift').node(data, *args)
     if kind == 'containers':
-        return _drift.containers(data, *args)
+        return _utils('_drift').containers(data, *args)
     if kind == 'container':
-        return _drift.container(**data)
+        return _utils('_drift').container(**data)
     if kind == 'summary':
-        return _drift.summary(data.get('nodes'), data.get('containers'), *args)
+        return _utils('_drift').summary(data.get('nodes'), data.get('containers'), *args)
     if kind == 'reports':
-        return _drift.reports(data)
+        return _utils('_drift').reports(data)
     raise ValueError('fleet_drift: kind must be node, containers, container, summary or reports, got {0!r}'.format(kind))
 
 
 class FilterModule(object):
     def filters(self):
         return {'fleet_errors': fleet_errors, 'fleet_specs': fleet_specs, 'fleet_raw': fleet_raw, 'fleet_power': fleet_power,
-                'fleet_verify_summary': fleet_verify_summary, 'fleet_drift': fleet_drift}
+                'fleet_hosts': fleet_hosts,
+                'fleet_verify_summary': fleet_verify_summary, 'fleet_drift': fleet_drift,
+                'verify_state': verify_state, 'verify_report': verify_report}

@@ -37,6 +37,22 @@ def gpu_list(entry, node_gpus):
     return list(gpus or [])
 
 
+def hosts(running, fleet, devices=None):
+    """One node's running containers (lxc_container results) as inventory hosts: each one's vmid, hostname and
+    fleet entry, its GPUs (indexes), the node's devices for them (gpu_devices' entries), whether this run changed
+    its config or power (changed) and whether it started or restarted it (started)."""
+    devices = devices or {}
+    entries = dict((e['vmid'], e) for e in fleet)
+    out = []
+    for c in running:
+        entry = entries[c['vmid']]
+        gpus = gpu_list(entry, devices.get('indexes'))
+        out.append({'vmid': c['vmid'], 'hostname': entry['hostname'], 'entry': entry, 'gpus': gpus,
+                    'gpu_info': [g for g in devices.get('gpus') or [] if g.get('index') in gpus],
+                    'changed': bool(c.get('changed')), 'started': 'power' in c})
+    return out
+
+
 def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, passthrough='auto'):
     """Every problem with the fleet definition, as 'containers[i] (vmid N).field: what' sentences.
 

@@ -98,17 +98,18 @@ def nvidia_smi(executable):
     return gpus
 
 
-def find_nvidia_smi(explicit=None):
+def find_program(name, explicit=None):
+    """explicit, else the first `name` on PATH or in the usual program directories; None where there is none."""
     if explicit:
         return explicit
-    for d in os.environ.get('PATH', '/usr/bin:/bin').split(os.pathsep) + ['/usr/bin', '/usr/local/bin']:
-        candidate = os.path.join(d, 'nvidia-smi')
+    for d in os.environ.get('PATH', '/usr/bin:/bin').split(os.pathsep) + ['/usr/bin', '/usr/sbin', '/usr/local/bin']:
+        candidate = os.path.join(d, name)
         if os.path.exists(candidate):
             return candidate
     return None
 
 
-def discover(dev_dir='/dev', proc_root='/proc', smi=None):
+def discover(dev_dir='/dev', proc_root='/proc', smi=None, persistenced=None):
     """Everything a node offers for passthrough, and what is wrong with it (findings with a fix)."""
     majors = char_majors(proc_root)
     version = driver_version(proc_root)
@@ -167,7 +168,7 @@ def discover(dev_dir='/dev', proc_root='/proc', smi=None):
     return {'gpus': gpus, 'count': len(gpus), 'indexes': [g['index'] for g in gpus], 'control': control, 'caps': caps,
             'majors': dict((k, v) for k, v in majors.items() if k.startswith('nvidia')),
             'uvm_major': uvm_major, 'driver_version': version, 'findings': findings,
-            'nvidia_smi': smi if listed is not None else None}
+            'nvidia_smi': smi if listed is not None else None, 'persistenced': persistenced}
 
 
 LOADER_CONF = '/etc/ld.so.conf.d/000-gpufleet-nvidia.conf'

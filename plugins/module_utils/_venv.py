@@ -65,7 +65,9 @@ def distributions(site):
                     if not row or not row[0]:
                         continue
                     rel = row[0]
-                    path = os.path.normpath(os.path.join(site, rel))
+                    # most entries are plain paths under site-packages: normalise only those that need it
+                    plain = not rel.startswith('/') and '..' not in rel and './' not in rel and '//' not in rel
+                    path = site + os.sep + rel if plain else os.path.normpath(os.path.join(site, rel))
                     digest = row[1] if len(row) > 1 and row[1] else None
                     size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
                     files.append((path, rel, digest, size))
@@ -73,6 +75,24 @@ def distributions(site):
             pass
         out.append({'name': name, 'key': canon(name), 'version': version, 'dist_info': dist_info, 'files': files})
     return out
+
+
+def shared_objects(top):
+    """Every shared object under top: regular files (not links) named *.so or *.so.N..., in no set order."""
+    found, dirs = [], [top]
+    while dirs:
+        try:
+            entries = os.scandir(dirs.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                name = entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    dirs.append(entry.path)
+                elif '.so' in name and (name.endswith('.so') or '.so.' in name) and entry.is_file(follow_symlinks=False):
+                    found.append(entry.path)
+    return found
 
 
 def file_digest(path):
@@ -136,7 +156,7 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
     for d in dists:
         missing, modified = [], []
         for path, rel, digest, size in d['files']:
-            owners.setdefault(path, []).append(d)
+            owners.setdefault(path, []).append((d, digest, size))
             if digest is None:
                 continue  # RECORD itself, .pyc files
             try:
@@ -152,14 +172,19 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
             broken.append({'name': d['name'], 'version': d['version'], 'missing': missing, 'modified': modified})
     # -- collisions ------------------------------------------------------------------
     collisions, declared = [], []
-    for path, claimants in sorted(owners.items()):
-        names = sorted(set(c['name'] for c in claimants))
+    for path in sorted(p for p, claimants in owners.items() if len(claimants) > 1):
+        claims = owners[path]
+        names = sorted(set(d['name'] for d, _dg, _sz in claims))
         if len(names) < 2 or not os.path.isfile(path):
             if len(names) >= 2:
                 collisions.append({'path': os.path.relpath(path, site), 'claimed_by': names, 'on_disk': None})
             continue
-        disk = file_digest(path)
-        on_disk = sorted(set(c['name'] for c in claimants for p, _r, dg, _s in c['files'] if p == path and dg == disk))
+        # Whose bytes are on disk: by size where that tells them apart (fast mode), else by sha256.
+        size = os.stat(path).st_size
+        on_disk = sorted(set(d['name'] for d, _dg, sz in claims if sz == size))
+        if mode == 'full' or len(on_disk) != 1:
+            disk = file_digest(path)
+            on_disk = sorted(set(d['name'] for d, dg, _sz in claims if dg == disk))
         item = {'path': os.path.relpath(path, site), 'claimed_by': names, 'on_disk': on_disk[0] if on_disk else None}
         if item['on_disk'] and canon(item['on_disk']) in overrides:
             declared.append(item)
@@ -177,23 +202,18 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
     providers = {}
     for d in dists:
         for path, rel, digest, size in d['files']:
-            providers.setdefault(os.path.basename(path), set()).add(d['name'])
+            if '.so' in path:
+                providers.setdefault(os.path.basename(path), set()).add(d['name'])
     unresolved = {}
-    for root, _dirs, names in os.walk(site):
-        for name in names:
-            if not (name.endswith('.so') or '.so.' in name):
-                continue
-            path = os.path.join(root, name)
-            if os.path.islink(path):
-                continue
-            info = _elf.read(path)
-            if info is None:
-                continue
-            for needed in info.needed:
-                if resolver.find(needed, info) is None:
-                    entry = unresolved.setdefault(needed, {'soname': needed, 'needed_by': [],
-                                                           'provided_by': sorted(providers.get(needed, ()))})
-                    entry['needed_by'].append(os.path.relpath(path, site))
+    for path in shared_objects(site):
+        info = _elf.read(path)
+        if info is None:
+            continue
+        for needed in info.needed:
+            if resolver.find(needed, info) is None:
+                entry = unresolved.setdefault(needed, {'soname': needed, 'needed_by': [],
+                                                       'provided_by': sorted(providers.get(needed, ()))})
+                entry['needed_by'].append(os.path.relpath(path, site))
     unresolved = [dict(v, needed_by=sorted(v['needed_by'])) for k, v in sorted(unresolved.items())]
     # -- drift against the lock ----------------------------------------------------------
     drift = {'missing': [], 'extra': [], 'wrong_version': []}
@@ -228,7 +248,7 @@ def repair_plan(venv, dists, broken, drift, locked, owners, installer, install_a
     for key in extra:
         # Removing it deletes every file of its RECORD: whoever else claims one of them needs a reinstall.
         for path, _rel, _dg, _sz in by_key[key]['files']:
-            for other in owners.get(path, []):
+            for other, _dg, _sz in owners.get(path, []):
                 if other['key'] not in extra:
                     reinstall.add(other['key'])
     install = dict((canon(m['name']), '{0}=={1}'.format(m['name'], m['version'])) for m in drift['missing'])

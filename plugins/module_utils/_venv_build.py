@@ -7,7 +7,7 @@ switch a stable symlink to it atomically, keeping the previous ones for rollback
     <root>/<id>/                 a venv; <id> = sha256 of the lock, the overrides and the Python version
     <root>/<id>/gpufleet-venv.json   written last: a venv without it is an unfinished build
     <root>/<id>/gpufleet-requirements.lock   the lock it was built from
-    <root>/<id>/gpufleet-verified.json   torch_verify's record of the venv's last passing verification (_verify)
+    <root>/<id>/gpufleet-verified.json   torch_verify's record of the venv's last passing verification (_verified)
     <root>/history.json          the ids in the order they were made active, newest last
     <link> -> <root>/<id>        the stable path jobs use (/root/venv)
 
@@ -22,12 +22,14 @@ import fcntl
 import hashlib
 import io
 import os
+import platform
 import re
 import shutil
 import subprocess
+import sys
 import time
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv, _verify
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv, _verified
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import (
     read_json, read_text, replace_link, write_json, write_text)
 
@@ -72,6 +74,10 @@ def phases(lock_text, overrides):
 
 
 def python_version(python):
+    """'<implementation> <version> <machine>' of python: this interpreter's own where python is the one running
+    (no second process), else python's, asked."""
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        return '{0} {1} {2}'.format(sys.implementation.name, platform.python_version(), platform.machine())
     out = subprocess.run([python, '-c', 'import platform, sys; print(sys.implementation.name, '
                           'platform.python_version(), platform.machine())'],
                          capture_output=True, text=True, check=False)
@@ -242,7 +248,7 @@ def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=
         # A venv built in this run was audited by its build, against the same lock, moments ago.
         result['audit'] = built_report or _venv.audit(link, own if os.path.exists(own) else lock_path, 'fast', 'uv',
                                                       install_args, overrides, uv)
-        result['verified'] = _verify.read_record(venv)
+        result['verified'] = _verified.read_record(venv)
     return result
 
 

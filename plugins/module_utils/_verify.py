@@ -20,10 +20,6 @@ import subprocess
 import time
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia, _venv
-from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import read_json, write_json
-
-# In the venv: the record of its last passing verification, with the fingerprint of what it depended on.
-RECORD = 'gpufleet-verified.json'
 
 # Runs with the venv's interpreter; prints one JSON document on its last line. argv[1]: options as JSON.
 PROBE = r'''
@@ -261,22 +257,6 @@ def verify(venv, params, dev_dir='/dev'):
                                                params.get('expect_driver_version'), probe.get('driver_version'))
     result['timings']['total_s'] = round(time.time() - started, 3)
     return result
-
-
-def write_record(venv, fingerprint, result, now=None):
-    """Keep a passing verification in the venv (the link's target), under the caller's fingerprint of what it
-    depended on: a later run that computes the same fingerprint may reuse it instead of importing torch."""
-    kept = dict((k, v) for k, v in result.items() if k not in ('changed', 'failed', 'msg'))
-    write_json(os.path.join(os.path.realpath(venv), RECORD),
-               {'fingerprint': fingerprint, 'verified_at': int(now or time.time()), 'result': kept})
-
-
-def read_record(venv, now=None):
-    """The venv's record of its last passing verification, with age_s (its age on this clock), or None."""
-    record = read_json(os.path.join(venv, RECORD))
-    if not isinstance(record, dict) or not isinstance(record.get('verified_at'), (int, float)):
-        return None
-    return dict(record, age_s=int((now or time.time()) - record['verified_at']))
 
 
 def message(result):

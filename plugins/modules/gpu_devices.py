@@ -15,7 +15,8 @@ description:
   - Reads the NVIDIA device nodes (C(/dev/nvidiaN), C(nvidiactl), C(nvidia-modeset), C(nvidia-uvm),
     C(nvidia-uvm-tools), C(/dev/nvidia-caps/*)) with their majors and minors, the dynamic majors of
     C(nvidia-uvm) and C(nvidia-caps) from C(/proc/devices), the kernel module version from
-    C(/proc/driver/nvidia/version), and GPU index to PCI bus id where C(nvidia-smi) exists.
+    C(/proc/driver/nvidia/version), GPU index to PCI bus id where C(nvidia-smi) exists, and where
+    C(nvidia-persistenced) is installed.
   - Reports findings that stop passthrough from working (C(nvidia-uvm) not loaded or its nodes missing or
     stale, no driver), each with the command that fixes it.
   - Changes nothing. Uses only the Python standard library.
@@ -63,7 +64,8 @@ ansible_facts:
       description:
         - C(gpus) (index, path, major, minor, mode, and pci_bus_id, uuid, name where nvidia-smi answers),
           C(count), C(control) (nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools by name), C(caps),
-          C(majors), C(uvm_major), C(driver_version), C(findings) (code, msg, fix).
+          C(majors), C(uvm_major), C(driver_version), C(findings) (code, msg, fix), C(nvidia_smi) (the one that
+          answered), C(persistenced) (the path of nvidia-persistenced where it is installed, else null).
       type: dict
       returned: always
 '''
@@ -79,7 +81,8 @@ def main():
                                               nvidia_smi=dict(type='path')),
                            supports_check_mode=True)
     p = module.params
-    facts = _nvidia.discover(p['dev_dir'], p['proc_root'], _nvidia.find_nvidia_smi(p['nvidia_smi']))
+    facts = _nvidia.discover(p['dev_dir'], p['proc_root'], _nvidia.find_program('nvidia-smi', p['nvidia_smi']),
+                             _nvidia.find_program('nvidia-persistenced'))
     module.exit_json(changed=False, ansible_facts={'gpufleet_gpu_devices': facts})
 
 

@@ -165,7 +165,7 @@ unresolved_libraries:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _verify
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _verified, _verify
 
 
 def main():
@@ -184,7 +184,7 @@ def main():
         module.fail_json(msg='torch_verify: {0}'.format(_verify.message(result)), changed=False, **result)
     if module.params['record_fingerprint'] and not module.check_mode:
         try:
-            _verify.write_record(module.params['venv'], module.params['record_fingerprint'], result)
+            _verified.write_record(module.params['venv'], module.params['record_fingerprint'], result)
             result['recorded'] = True
         except (IOError, OSError) as e:
             module.warn('torch_verify: the verification passed but could not be recorded: {0}'.format(e))

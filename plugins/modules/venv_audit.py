@@ -32,7 +32,10 @@ options:
     description: A pinned requirements or lock file on the target (C(name==version) lines; hashes are ignored).
     type: path
   mode:
-    description: V(fast) compares sizes; V(full) also compares sha256 hashes.
+    description:
+      - V(fast) compares sizes, and tells whose bytes a file claimed by several distributions holds by its size
+        (by sha256 only where the claimants' sizes are the same).
+      - V(full) also compares sha256 hashes, of every file.
     type: str
     choices: [fast, full]
     default: fast

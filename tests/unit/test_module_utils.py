@@ -1,7 +1,10 @@
 """Pure logic of the collection's module_utils: comparisons, plans, fleet checks, raw lines."""
 
 import pytest
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _drift, _fleet, _lxc, _pveconf
+import base64
+import json
+
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _drift, _fleet, _lxc, _pveconf, _verify_role
 
 
 @pytest.mark.parametrize('key,wanted,current,equal', [
@@ -107,3 +110,70 @@ def test_drift_reports_one_file_per_host_and_the_summary():
     assert files['summary'] is fleet
     assert files['pve1'] == {'host': 'pve1', 'kind': 'node', 'mode': 'check', 'drift': True, 'items': [item]}
     assert files['train-0'] == {'host': 'train-0', 'kind': 'container', 'mode': 'check', 'drift': False, 'items': []}
+
+
+def test_fleet_hosts_carry_what_the_node_knows_of_each_container():
+    fleet = [{'vmid': 1, 'hostname': 'a', 'gpus': [1]}, {'vmid': 2, 'hostname': 'b', 'gpus': 'all'},
+             {'vmid': 3, 'hostname': 'c'}]
+    devices = {'indexes': [0, 1], 'gpus': [{'index': 0, 'pci_bus_id': '0:1'}, {'index': 1, 'pci_bus_id': '0:2'}]}
+    running = [{'vmid': 1, 'changed': True, 'power': 'start'}, {'vmid': 2, 'changed': False}, {'vmid': 3}]
+    got = _fleet.hosts(running, fleet, devices)
+    assert [h['hostname'] for h in got] == ['a', 'b', 'c']
+    assert got[0]['gpus'] == [1] and got[0]['gpu_info'] == [{'index': 1, 'pci_bus_id': '0:2'}]
+    assert got[0]['changed'] and got[0]['started']
+    assert got[1]['gpus'] == [0, 1] and len(got[1]['gpu_info']) == 2 and not got[1]['changed'] and not got[1]['started']
+    assert got[2]['gpus'] == [] and got[2]['gpu_info'] == [] and got[2]['entry'] == fleet[2]
+
+
+def _facts(**over):
+    meta = {'profile': 'p', 'lock': '/l', 'expect': {'torch_version': '2.11.0+cu128', 'cuda_version': '12.8'}}
+    facts = {'marker': None,
+             'built': {'id': 'v1', 'link': '/root/venv', 'meta': meta, 'changed': False, 'verified': None,
+                       'audit': {'healthy': True}},
+             'driver': {'version': '580', 'library': '/x', 'changed': False},
+             'gpus': [0, 1], 'devices': [{'index': 0}, {'index': 1}], 'node_driver': '580', 'container_changed': False,
+             'venv': '/root/venv', 'check_mode': True,
+             'settings': {'expect': {}, 'require_cuda': 'auto', 'smoke': 'none', 'min_tflops': 0,
+                          'compile_check': False, 'compile_backend': 'inductor', 'audit_mode': 'fast', 'max_age': 3600}}
+    facts.update(over)
+    return facts
+
+
+def test_verify_state_expects_from_the_profile_and_the_container():
+    now = _verify_role.state(_facts())
+    assert now['cuda'] and now['audited'] and now['audit'] == {'healthy': True}
+    assert now['expect'] == {'torch_version': '2.11.0+cu128', 'cuda_version': '12.8', 'cudnn_version': None,
+                             'nccl_version': None, 'device_count': 2, 'driver_version': '580'}
+    cpu = _verify_role.state(_facts(gpus=[], settings=dict(_facts()['settings'], expect={'torch_version': 'x'})))
+    assert not cpu['cuda'] and cpu['expect']['device_count'] is None and cpu['expect']['torch_version'] == 'x'
+    # where torch_venv did not run: the profile from the venv's marker, and the role audits
+    marker = base64.b64encode(json.dumps({'meta': {'profile': 'q', 'expect': {}}}).encode()).decode()
+    alone = _verify_role.state(_facts(marker=marker, built=None))
+    assert alone['meta']['profile'] == 'q' and not alone['audited'] and not alone['reuse']
+
+
+def test_verify_state_reuses_a_record_only_while_what_it_saw_holds():
+    fingerprint = _verify_role.state(_facts())['fingerprint']
+    record = {'fingerprint': fingerprint, 'verified_at': 100, 'age_s': 60, 'result': {'torch_version': 't'}}
+    built = dict(_facts()['built'], verified=record)
+    now = _verify_role.state(_facts(built=built))
+    assert now['reuse'] and now['result'] == {'torch_version': 't', 'reused': True, 'verified_at': 100, 'age_s': 60}
+    for over in ({'built': dict(built, changed=True)}, {'container_changed': True},
+                 {'driver': {'version': '580', 'library': '/x', 'changed': True}},
+                 {'built': dict(built, verified=dict(record, age_s=7200))},
+                 {'built': dict(built, audit={'healthy': False})}, {'built': dict(built, link='/other')},
+                 {'gpus': [0]},
+                 {'settings': dict(_facts()['settings'], max_age=0)},
+                 {'settings': dict(_facts()['settings'], audit_mode='full')}):
+        assert not _verify_role.state(_facts(built=over.pop('built', built), **over))['reuse'], over
+
+
+def test_verify_report_is_ok_only_with_a_healthy_audit_and_no_failure():
+    now = {'meta': {'profile': 'p'}, 'expect': {'torch_version': 't'}}
+    good = _verify_role.report(now, {'healthy': True, 'findings': {}}, {'failures': [], 'torch_version': 't',
+                                                                          'changed': False}, 'h', 'n', 1)
+    assert good['ok'] and good['torch'] == {'failures': [], 'torch_version': 't'} and good['profile'] == 'p'
+    assert good['audit'] == {'healthy': True, 'findings': {}, 'error': None}
+    assert not _verify_role.report(now, {'healthy': False}, {'failures': []}, 'h')['ok']
+    skipped = _verify_role.report(now, {'msg': 'no venv'}, {'skipped': True}, 'h')
+    assert not skipped['ok'] and skipped['audit']['error'] == 'no venv'

@@ -1,0 +1,83 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The verify role's decisions for one container, on the controller (the verify_state filter): small and with
+the standard library only, since every host's task loads it."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import base64
+import hashlib
+import json
+
+
+def state(facts):
+    """What the verify role works out for one container before it audits and verifies, from the facts of this
+    run (see roles/verify/vars/main.yml for what each one is): the venv's profile (meta), what torch must show
+    (expect), whether CUDA is required (cuda), whether torch_venv audited this venv in this run and left it as it
+    found it (audited, with that audit; else the role audits), the fingerprint of everything a verification
+    depends on, and whether the last passing verification (recorded in the venv) stands instead of importing
+    torch again (reuse, with its result marked reused, verified_at and age_s)."""
+    settings = facts.get('settings') or {}
+    built = facts.get('built') or {}
+    ran = 'id' in built  # torch_venv ran in this run (its venv_build result)
+    built_audit = built.get('audit') or {}
+    if ran:
+        meta = built.get('meta') or {}
+    else:
+        marker = facts.get('marker')
+        try:
+            meta = (json.loads(base64.b64decode(marker).decode('utf-8')) or {}).get('meta') or {} if marker else {}
+        except (ValueError, TypeError, AttributeError):
+            meta = {}
+    venv, check_mode = facts.get('venv'), bool(facts.get('check_mode'))
+    here = ran and built.get('link') == venv
+    audited = ('healthy' in built_audit and settings.get('audit_mode', 'fast') == 'fast' and here
+               and (bool(built_audit['healthy']) or check_mode))
+    gpus = list(facts.get('gpus') or [])
+    profile_expect = meta.get('expect') or {}
+    require = settings.get('require_cuda', 'auto')
+    if require == 'auto':
+        cuda = bool(gpus) and profile_expect.get('cuda_version') is not None
+    else:
+        cuda = require if isinstance(require, bool) else str(require).lower() in ('1', 'true', 'yes', 'on')
+    expect = dict((k, profile_expect.get(k)) for k in ('torch_version', 'cuda_version', 'cudnn_version', 'nccl_version'))
+    expect.update(device_count=len(gpus) if cuda else None,
+                  driver_version=facts.get('node_driver') if cuda else None)
+    expect.update(settings.get('expect') or {})
+    driver = facts.get('driver') or {}
+    inputs = {'venv': built.get('id'), 'libcuda': [driver.get('version'), driver.get('library')],
+              'node_driver': facts.get('node_driver'), 'gpus': gpus, 'devices': facts.get('devices') or [],
+              'expect': expect,
+              'options': [cuda] + [settings.get(k) for k in ('smoke', 'min_tflops', 'compile_check', 'compile_backend')]}
+    fingerprint = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode('utf-8')).hexdigest()
+    record, max_age = built.get('verified'), int(settings.get('max_age') or 0)
+    reuse = bool(max_age > 0 and isinstance(record, dict) and audited and built_audit.get('healthy')
+                 and not built.get('changed', True) and not driver.get('changed')
+                 and not facts.get('container_changed')
+                 and record.get('fingerprint') == fingerprint and 0 <= int(record.get('age_s', -1)) <= max_age)
+    result = None
+    if reuse:
+        result = dict(record.get('result') or {}, reused=True, verified_at=record.get('verified_at'),
+                      age_s=record.get('age_s'))
+    return {'meta': meta, 'expect': expect, 'cuda': cuda, 'audited': audited, 'audit': built_audit if audited else None,
+            'fingerprint': fingerprint, 'reuse': reuse, 'result': result}
+
+
+# What a task result holds besides the verification's own values.
+INTERNAL = ('changed', 'failed', 'invocation', 'msg', 'failed_when_result', 'warnings', 'deprecations', 'recorded')
+
+
+def report(now, audit, result, host, node=None, vmid=None):
+    """One container's verification report: what was expected, what torch showed (the result without the task's
+    own keys), the venv's audit, and ok (the audit is healthy and the verification has no failures; a result
+    without failures at all - the probe did not run - is not ok)."""
+    audit, result = audit or {}, result or {}
+    healthy = bool(audit.get('healthy', False))
+    return {'host': host, 'node': node, 'vmid': vmid, 'profile': (now.get('meta') or {}).get('profile'),
+            'ok': healthy and not result.get('failures', ['probe']), 'expected': now.get('expect'),
+            'torch': dict((k, v) for k, v in result.items() if k not in INTERNAL),
+            'audit': {'healthy': healthy, 'findings': audit.get('findings') or {},
+                      'error': audit.get('msg') if 'healthy' not in audit else None}}
