@@ -50,7 +50,7 @@ def verify_report(now, audit, result, host, node=None, vmid=None):
 
 def fleet_drift(data, kind, *args):
     """kind node: data = gpu_devices facts, args = (bundle result,); containers: data = lxc_container result,
-    args = (fleet,); container: data = {driver, build, audit, report}; summary: data = {nodes, containers},
+    args = (fleet,); container: data = {driver, build, report}; summary: data = {nodes, containers},
     args = (check_mode,); reports: data = a summary, the files of the drift run (one per host, and the summary)."""
     if kind == 'node':
         return _utils('_drift').node(data, *args)

@@ -58,8 +58,9 @@ def containers(reconcile, fleet):
     return out
 
 
-def container(driver=None, build=None, audit=None, report=None):
-    """A running container's own drift: its userspace driver, its venv against its lock, its verification."""
+def container(driver=None, build=None, report=None):
+    """A running container's own drift: its userspace driver, its venv against its lock (the build's result and
+    the audit it returned), its verification."""
     items = []
     if driver and driver.get('match') in (False, 'False') and driver.get('node_version'):
         items.append(_item('driver', 'userspace_driver', 'libcuda {0} but the node runs {1}'.format(
@@ -70,7 +71,7 @@ def container(driver=None, build=None, audit=None, report=None):
         items.append(_item('venv', 'active', 'the active venv is not its lock\'s: switch to {0}'.format(build.get('id'))))
     elif build and build.get('lock_written'):
         items.append(_item('venv', 'lock_file', 'the lock file in the container is not the profile\'s'))
-    findings = (audit or {}).get('findings') or {}
+    findings = ((build or {}).get('audit') or {}).get('findings') or {}
     for b in findings.get('broken_distributions') or []:
         items.append(_item('venv', 'broken_distribution', '{0} {1}: {2} file(s) missing, {3} changed'.format(
             b['name'], b['version'], len(b['missing']), len(b['modified'])), files=b['missing'] + b['modified']))

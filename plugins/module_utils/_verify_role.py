@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.proxmox contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The verify role's decisions for one container, on the controller (the verify_state filter): small and with
-the standard library only, since every host's task loads it."""
+"""The verify role's decisions for one container, on the controller (the verify_state and verify_report filters):
+small, with nothing of the collection imported, since every host's task loads it."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -11,6 +11,8 @@ __metaclass__ = type
 import base64
 import hashlib
 import json
+
+from ansible.module_utils.parsing.convert_bool import boolean
 
 
 def state(facts):
@@ -42,7 +44,7 @@ def state(facts):
     if require == 'auto':
         cuda = bool(gpus) and profile_expect.get('cuda_version') is not None
     else:
-        cuda = require if isinstance(require, bool) else str(require).lower() in ('1', 'true', 'yes', 'on')
+        cuda = boolean(require, strict=False)  # as Jinja's bool filter reads it
     expect = dict((k, profile_expect.get(k)) for k in ('torch_version', 'cuda_version', 'cudnn_version', 'nccl_version'))
     expect.update(device_count=len(gpus) if cuda else None,
                   driver_version=facts.get('node_driver') if cuda else None)
