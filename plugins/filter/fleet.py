@@ -1,9 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.proxmox contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters over the fleet definition and its reports (the logic lives in module_utils: _fleet, _drift, _verify and
-_verify_role). Each filter imports its module_utils when it is called: Ansible loads this file in every worker that
-uses any of its filters, and most use one."""
+"""Filters over the fleet definition and its reports (the logic lives in module_utils: _fleet, _drift and _verify).
+Each filter imports its module_utils when it is called: Ansible loads this file in every worker that uses any of
+its filters, and most use one."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -40,14 +40,6 @@ def fleet_verify_summary(reports):
     return _utils('_verify').summary(reports)
 
 
-def verify_state(facts):
-    return _utils('_verify_role').state(facts)
-
-
-def verify_report(now, audit, result, host, node=None, vmid=None):
-    return _utils('_verify_role').report(now, audit, result, host, node, vmid)
-
-
 def fleet_drift(data, kind, *args):
     """kind node: data = gpu_devices facts, args = (bundle result,); containers: data = lxc_container result,
     args = (fleet,); container: data = {driver, build, report}; summary: data = {nodes, containers},
@@ -68,6 +60,4 @@ def fleet_drift(data, kind, *args):
 class FilterModule(object):
     def filters(self):
         return {'fleet_errors': fleet_errors, 'fleet_specs': fleet_specs, 'fleet_raw': fleet_raw, 'fleet_power': fleet_power,
-                'fleet_hosts': fleet_hosts,
-                'fleet_verify_summary': fleet_verify_summary, 'fleet_drift': fleet_drift,
-                'verify_state': verify_state, 'verify_report': verify_report}
+                'fleet_hosts': fleet_hosts, 'fleet_verify_summary': fleet_verify_summary, 'fleet_drift': fleet_drift}

@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.proxmox contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The verify role's decisions for one container, on the controller (the verify_state and verify_report filters):
-small, with nothing of the collection imported, since every host's task loads it."""
+"""The verify role's decisions for one container, on the controller (the verify_container action): what to expect,
+whether the last passing verification stands, the report and its problems in words."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -53,7 +53,8 @@ def state(facts):
     inputs = {'venv': built.get('id'), 'libcuda': [driver.get('version'), driver.get('library')],
               'node_driver': facts.get('node_driver'), 'gpus': gpus, 'devices': facts.get('devices') or [],
               'expect': expect,
-              'options': [cuda] + [settings.get(k) for k in ('smoke', 'min_tflops', 'compile_check', 'compile_backend')]}
+              'options': [cuda, settings.get('smoke'), float(settings.get('min_tflops') or 0),
+                          bool(settings.get('compile_check')), settings.get('compile_backend')]}
     fingerprint = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode('utf-8')).hexdigest()
     record, max_age = built.get('verified'), int(settings.get('max_age') or 0)
     reuse = bool(max_age > 0 and isinstance(record, dict) and audited and built_audit.get('healthy')
@@ -83,3 +84,13 @@ def report(now, audit, result, host, node=None, vmid=None):
             'torch': dict((k, v) for k, v in result.items() if k not in INTERNAL),
             'audit': {'healthy': healthy, 'findings': audit.get('findings') or {},
                       'error': audit.get('msg') if 'healthy' not in audit else None}}
+
+
+def problems(audit, result):
+    """What is wrong with one container, in words: the verification's message where it has failures or did not
+    run, and the venv audit's message or findings where it is not healthy."""
+    audit, result = audit or {}, result or {}
+    found = [result.get('msg') or 'torch was not verified'] if result.get('failures', ['probe']) else []
+    if not audit.get('healthy', False):
+        found.append('venv audit: ' + (audit.get('msg') or json.dumps(audit.get('findings') or {}, sort_keys=True)))
+    return found

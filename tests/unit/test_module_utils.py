@@ -177,3 +177,12 @@ def test_verify_report_is_ok_only_with_a_healthy_audit_and_no_failure():
     assert not _verify_role.report(now, {'healthy': False}, {'failures': []}, 'h')['ok']
     skipped = _verify_role.report(now, {'msg': 'no venv'}, {'skipped': True}, 'h')
     assert not skipped['ok'] and skipped['audit']['error'] == 'no venv'
+
+
+def test_verify_problems_name_the_failed_check_and_the_audit():
+    assert _verify_role.problems({'healthy': True}, {'failures': []}) == []
+    both = _verify_role.problems({'healthy': False, 'findings': {'missing': ['a']}},
+                                 {'failures': [{'check': 'torch_version'}], 'msg': 'torch_version: expected 1'})
+    assert both == ['torch_version: expected 1', 'venv audit: {"missing": ["a"]}']
+    assert _verify_role.problems({'healthy': True}, {}) == ['torch was not verified']
+    assert _verify_role.problems({'msg': 'no venv at /root/venv'}, {'failures': []}) == ['venv audit: no venv at /root/venv']

@@ -1,0 +1,81 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action for gpufleet.proxmox.verify_container: one container's verification in one task. The decisions are
+module_utils _verify_role's; this runs the modules they call for (slurp of the venv's marker, venv_audit,
+torch_verify) over the task's connection."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _verify_role
+
+SPEC = {
+    'venv': {'type': 'path', 'default': '/root/venv'},
+    'build': {'type': 'dict'},
+    'driver': {'type': 'dict'},
+    'gpus': {'type': 'list', 'elements': 'raw', 'default': []},
+    'devices': {'type': 'list', 'elements': 'raw', 'default': []},
+    'node_driver': {'type': 'str'},
+    'container_changed': {'type': 'bool', 'default': False},
+    'expect': {'type': 'dict', 'default': {}},
+    'require_cuda': {'type': 'raw', 'default': 'auto'},
+    'smoke': {'type': 'str', 'choices': ['none', 'matmul'], 'default': 'none'},
+    'min_tflops': {'type': 'float', 'default': 0},
+    'compile_check': {'type': 'bool', 'default': False},
+    'compile_backend': {'type': 'str', 'default': 'inductor'},
+    'audit_mode': {'type': 'str', 'choices': ['fast', 'full'], 'default': 'fast'},
+    'max_age': {'type': 'int', 'default': 0},
+    'timeout': {'type': 'int', 'default': 300},
+    'node': {'type': 'str'},
+    'vmid': {'type': 'int'},
+}
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(SPEC)
+
+    def _module(self, name, args, task_vars):
+        return self._execute_module(module_name=name, task_vars=task_vars,
+                                    module_args=dict((k, v) for k, v in args.items() if v is not None))
+
+    def run(self, tmp=None, task_vars=None):
+        result = super(ActionModule, self).run(tmp, task_vars)
+        args = self.validate_argument_spec(argument_spec=SPEC)[1]
+        built = args['build'] or {}
+        marker = None
+        if 'id' not in built:  # torch_venv did not run: the venv's marker says what it was built from
+            read = self._module('ansible.legacy.slurp', {'src': args['venv'] + '/gpufleet-venv.json'}, task_vars)
+            marker = read.get('content') if not read.get('failed') else None
+        now = _verify_role.state({
+            'marker': marker, 'built': built, 'driver': args['driver'], 'gpus': args['gpus'],
+            'devices': args['devices'], 'node_driver': args['node_driver'],
+            'container_changed': args['container_changed'], 'venv': args['venv'],
+            'check_mode': self._play_context.check_mode,
+            'settings': dict((k, args[k]) for k in ('expect', 'require_cuda', 'smoke', 'min_tflops', 'compile_check',
+                                                    'compile_backend', 'audit_mode', 'max_age'))})
+        audit, probe = now['audit'], now['result']
+        if not now['reuse']:
+            if not now['audited']:
+                audit = self._module('gpufleet.proxmox.venv_audit', {
+                    'venv': args['venv'], 'lock': now['meta'].get('lock'),
+                    'overrides': now['meta'].get('overrides') or [], 'mode': args['audit_mode']}, task_vars)
+            expect = now['expect']
+            probe = self._module('gpufleet.proxmox.torch_verify', dict(
+                venv=args['venv'], require_cuda=now['cuda'], smoke=args['smoke'],
+                min_tflops=args['min_tflops'] or None, compile_check=args['compile_check'],
+                compile_backend=args['compile_backend'], timeout=args['timeout'],
+                # the record is written where torch_venv ran, so that a drift run can find it
+                record_fingerprint=now['fingerprint'] if 'id' in built else None,
+                **dict(('expect_' + k, v) for k, v in expect.items() if v not in (None, ''))), task_vars)
+        host = task_vars.get('inventory_hostname')
+        report = _verify_role.report(now, audit, probe, host, args['node'], args['vmid'])
+        result.update(changed=False, state=now, ansible_facts={
+            'verify_audit': audit or {}, 'verify_result': probe or {}, 'verify_report': report})
+        if not report['ok']:
+            result['msg'] = '{0}: {1}'.format(host, '; '.join(_verify_role.problems(audit, probe)))
+        return result
