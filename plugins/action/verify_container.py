@@ -75,7 +75,7 @@ class ActionModule(ActionBase):
         host = task_vars.get('inventory_hostname')
         report = _verify_role.report(now, audit, probe, host, args['node'], args['vmid'])
         result.update(changed=False, state=now, ansible_facts={
-            'verify_audit': audit or {}, 'verify_result': probe or {}, 'verify_report': report})
+            'verify_audit': _verify_role.plain(audit), 'verify_result': _verify_role.plain(probe), 'verify_report': report})
         if not report['ok']:
             result['msg'] = '{0}: {1}'.format(host, '; '.join(_verify_role.problems(audit, probe)))
         return result

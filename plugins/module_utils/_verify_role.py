@@ -70,7 +70,15 @@ def state(facts):
 
 
 # What a task result holds besides the verification's own values.
-INTERNAL = ('changed', 'failed', 'invocation', 'msg', 'failed_when_result', 'warnings', 'deprecations', 'recorded')
+INTERNAL = ('changed', 'failed', 'invocation', 'msg', 'failed_when_result', 'warnings', 'deprecations', 'recorded',
+            'exception')
+
+
+def plain(result):
+    """A module's result as data to keep in facts: without its invocation, its captured error (an object a fact
+    cache cannot store) and Ansible's own keys."""
+    return dict((k, v) for k, v in (result or {}).items()
+                if k not in ('invocation', 'exception') and not k.startswith('_ansible'))
 
 
 def report(now, audit, result, host, node=None, vmid=None):

@@ -186,3 +186,10 @@ def test_verify_problems_name_the_failed_check_and_the_audit():
     assert both == ['torch_version: expected 1', 'venv audit: {"missing": ["a"]}']
     assert _verify_role.problems({'healthy': True}, {}) == ['torch was not verified']
     assert _verify_role.problems({'msg': 'no venv at /root/venv'}, {'failures': []}) == ['venv audit: no venv at /root/venv']
+
+
+def test_verify_keeps_plain_data_of_a_module_result():
+    failed = {'failed': True, 'msg': 'm', 'failures': [{'check': 'torch_version'}], 'exception': object(),
+              'invocation': {'module_args': {}}, '_ansible_no_log': False}
+    assert _verify_role.plain(failed) == {'failed': True, 'msg': 'm', 'failures': [{'check': 'torch_version'}]}
+    assert 'exception' not in _verify_role.report({}, {'healthy': True}, failed, 'h')['torch']
