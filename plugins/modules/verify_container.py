@@ -27,6 +27,8 @@ description:
   - Sets the facts C(verify_audit), C(verify_result) and C(verify_report). It never fails for what it finds; the
     report's C(ok) and the task's C(msg) say what is wrong, so that a play can write every container's report
     before failing any.
+extends_documentation_fragment:
+  - gpufleet.proxmox.controller_action
 options:
   venv:
     description: The venv (the stable link torch_venv manages).
@@ -105,16 +107,6 @@ attributes:
     description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Audits and verifies in check mode too; nothing is recorded where O(build) comes from a check.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: none
-  platform:
-    description: Target OS/families that can be operated against.
-    support: full
-    platforms: posix
-  action:
-    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
-    support: full
 author:
   - gpufleet maintainers (@gpufleet)
 '''

@@ -19,6 +19,8 @@ description:
     atomically (written beside, then renamed).
   - Reports are the run's output, not a change to any host, so they are written in check mode too and the task
     never reports changed.
+extends_documentation_fragment:
+  - gpufleet.proxmox.controller_action
 options:
   dir:
     description: The directory on the controller.
@@ -33,16 +35,6 @@ attributes:
     description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Writes the reports in check mode too (they describe the run; nothing on a host changes).
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: none
-  platform:
-    description: Target OS/families that can be operated against.
-    support: full
-    platforms: posix
-  action:
-    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
-    support: full
 author:
   - gpufleet maintainers (@gpufleet)
 '''
