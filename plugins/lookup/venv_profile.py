@@ -47,6 +47,7 @@ _raw:
       description: The text of C(requirements.lock), as it is on disk.
 '''
 
+import copy
 import os
 
 from ansible.errors import AnsibleLookupError
@@ -59,6 +60,7 @@ import yaml
 display = Display()
 
 FILES = ('profile.yml', 'requirements.lock')
+_READ = {}
 
 
 class LookupModule(LookupBase):
@@ -76,6 +78,16 @@ class LookupModule(LookupBase):
                 'torch_venv_profile: {0} is not a complete venv profile (it needs {1}; {2} missing; found {3}). '
                 'Make its lock with: gpufleet profile lock {0}'.format(term, ' and '.join(FILES), ', '.join(missing),
                                                                        have))
+        # A role refers to its profile several times in one task, and each reference reads it again: read each
+        # version of the files once per process (the key changes when either file does).
+        key = (found,) + tuple((st.st_mtime_ns, st.st_size, st.st_ino) for st in
+                               (os.stat(os.path.join(found, f)) for f in FILES))
+        if key not in _READ:
+            _READ[key] = self._load(term, found)
+        return copy.deepcopy(_READ[key])
+
+    @staticmethod
+    def _load(term, found):
         with open(os.path.join(found, 'profile.yml'), 'rb') as fh:
             meta = yaml.safe_load(fh) or {}
         if not isinstance(meta, dict):

@@ -15,17 +15,13 @@ def _item(stage, item, detail, **extra):
     return out
 
 
-def node(gpu_devices, bundle=None, shares=None):
-    """A node's drift: gpu_devices' findings (nvidia-uvm not loaded, its nodes missing or stale, no driver),
-    a driver bundle that had to be (re)gathered, and shared directories that had to be made."""
-    items = [_item('node', f.get('code'), f.get('message') or f.get('fix') or '')
+def node(gpu_devices, bundle=None):
+    """A node's drift: gpu_devices' findings (nvidia-uvm not loaded, its nodes missing or stale, no driver, a
+    shared directory missing or not as it should be) and a driver bundle that had to be (re)gathered."""
+    items = [_item('node', f.get('code'), f.get('msg') or f.get('fix') or '')
              for f in (gpu_devices or {}).get('findings') or []]
     if (bundle or {}).get('changed'):
         items.append(_item('node', 'driver_bundle', 'the driver bundle {0} was out of date'.format(bundle.get('path'))))
-    for r in (shares or {}).get('results') or []:
-        if r.get('changed'):
-            items.append(_item('node', 'share', 'the shared directory {0} was missing or had the wrong owner'.format(
-                r.get('path'))))
     return items
 
 

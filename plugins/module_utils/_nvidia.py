@@ -109,8 +109,9 @@ def find_program(name, explicit=None):
     return None
 
 
-def discover(dev_dir='/dev', proc_root='/proc', smi=None, persistenced=None):
-    """Everything a node offers for passthrough, and what is wrong with it (findings with a fix)."""
+def discover(dev_dir='/dev', proc_root='/proc', smi=None, persistenced=None, shares=()):
+    """Everything a node offers for passthrough, and what is wrong with it (findings with a fix), the
+    directories it shares with its containers included (see share_findings)."""
     majors = char_majors(proc_root)
     version = driver_version(proc_root)
     uvm_major = majors.get('nvidia-uvm')
@@ -165,10 +166,38 @@ def discover(dev_dir='/dev', proc_root='/proc', smi=None, persistenced=None):
         if missing:
             findings.append({'code': 'gpu_nodes_missing', 'fix': 'nvidia-modprobe -c {0}'.format(missing[0]),
                              'msg': 'nvidia-smi lists GPU(s) {0} without a /dev/nvidiaN node'.format(missing)})
+    findings.extend(share_findings(shares))
     return {'gpus': gpus, 'count': len(gpus), 'indexes': [g['index'] for g in gpus], 'control': control, 'caps': caps,
             'majors': dict((k, v) for k, v in majors.items() if k.startswith('nvidia')),
             'uvm_major': uvm_major, 'driver_version': version, 'findings': findings,
             'nvidia_smi': smi if listed is not None else None, 'persistenced': persistenced}
+
+
+def share_findings(shares):
+    """Each directory the node shares with its containers ({path, owner, mode}; owner a uid that owns it as
+    user and group, or None for any) that is missing, not a directory, or not owned or moded so: a finding with
+    its path, so that only those are made or mended."""
+    findings = []
+    for share in shares or ():
+        path, owner, mode = share['path'], share.get('owner'), share.get('mode')
+        try:
+            st = os.stat(path)
+        except OSError:
+            findings.append({'code': 'share_missing', 'path': path, 'fix': 'mkdir -p {0}'.format(path),
+                             'msg': 'the shared directory {0} is missing'.format(path)})
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            findings.append({'code': 'share_not_directory', 'path': path, 'fix': 'rm {0}'.format(path),
+                             'msg': '{0} is not a directory, so it cannot be shared'.format(path)})
+        elif owner is not None and (st.st_uid, st.st_gid) != (owner, owner):
+            findings.append({'code': 'share_owner', 'path': path, 'fix': 'chown {0}:{0} {1}'.format(owner, path),
+                             'msg': 'the shared directory {0} belongs to {1}:{2}, not {3}:{3}'.format(
+                                 path, st.st_uid, st.st_gid, owner)})
+        elif mode is not None and stat.S_IMODE(st.st_mode) != int(str(mode), 8):
+            findings.append({'code': 'share_mode', 'path': path, 'fix': 'chmod {0} {1}'.format(mode, path),
+                             'msg': 'the shared directory {0} has mode {1:04o}, not {2}'.format(
+                                 path, stat.S_IMODE(st.st_mode), mode)})
+    return findings
 
 
 LOADER_CONF = '/etc/ld.so.conf.d/000-gpufleet-nvidia.conf'

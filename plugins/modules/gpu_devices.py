@@ -19,6 +19,9 @@ description:
     C(nvidia-persistenced) is installed.
   - Reports findings that stop passthrough from working (C(nvidia-uvm) not loaded or its nodes missing or
     stale, no driver), each with the command that fixes it.
+  - With O(shares), also reports each directory the node shares with its containers that is missing, not a
+    directory, or owned or moded otherwise (C(share_missing), C(share_not_directory), C(share_owner),
+    C(share_mode), each with its C(path)), so that a role makes or mends only those.
   - Changes nothing. Uses only the Python standard library.
 author:
   - gpufleet maintainers (@gpufleet)
@@ -41,6 +44,32 @@ options:
   nvidia_smi:
     description: The nvidia-smi to ask for PCI bus ids; found on C(PATH) when not given.
     type: path
+  shares:
+    description:
+      - The directories the node shares with its containers (gpu_node_shares). Each should be a directory of mode
+        O(shares_mode), owned by O(shares_owner) unless it is O(shares[].read_only).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: The directory on the node.
+        type: path
+        required: true
+      mp:
+        description: Where the containers mount it (not read here).
+        type: str
+      read_only:
+        description: The containers only read it, so any owner will do.
+        type: bool
+        default: false
+  shares_owner:
+    description: The uid that owns the shared directories, as user and group (the containers' root); any when not given.
+    type: int
+  shares_mode:
+    description: The mode of the shared directories, in octal.
+    type: str
+    default: '0755'
 '''
 
 EXAMPLES = r'''
@@ -64,7 +93,7 @@ ansible_facts:
       description:
         - C(gpus) (index, path, major, minor, mode, and pci_bus_id, uuid, name where nvidia-smi answers),
           C(count), C(control) (nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools by name), C(caps),
-          C(majors), C(uvm_major), C(driver_version), C(findings) (code, msg, fix), C(nvidia_smi) (the one that
+          C(majors), C(uvm_major), C(driver_version), C(findings) (code, msg, fix, and path for a share), C(nvidia_smi) (the one that
           answered), C(persistenced) (the path of nvidia-persistenced where it is installed, else null).
       type: dict
       returned: always
@@ -78,11 +107,18 @@ from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia
 def main():
     module = AnsibleModule(argument_spec=dict(dev_dir=dict(type='path', default='/dev'),
                                               proc_root=dict(type='path', default='/proc'),
-                                              nvidia_smi=dict(type='path')),
+                                              nvidia_smi=dict(type='path'),
+                                              shares=dict(type='list', elements='dict', default=[], options=dict(
+                                                  path=dict(type='path', required=True), mp=dict(type='str'),
+                                                  read_only=dict(type='bool', default=False))),
+                                              shares_owner=dict(type='int'),
+                                              shares_mode=dict(type='str', default='0755')),
                            supports_check_mode=True)
     p = module.params
     facts = _nvidia.discover(p['dev_dir'], p['proc_root'], _nvidia.find_program('nvidia-smi', p['nvidia_smi']),
-                             _nvidia.find_program('nvidia-persistenced'))
+                             _nvidia.find_program('nvidia-persistenced'),
+                             [{'path': share['path'], 'owner': None if share['read_only'] else p['shares_owner'],
+                               'mode': p['shares_mode']} for share in p['shares']])
     module.exit_json(changed=False, ansible_facts={'gpufleet_gpu_devices': facts})
 
 

@@ -138,10 +138,12 @@ def test_a_check_reuses_the_last_verification_only_while_what_it_saw_holds(fleet
     assert json.loads(sh(A, 'cat /root/venv/gpufleet-verified.json').stdout) == recorded
 
 
-def test_check_reports_the_nodes_uvm_and_a_containers_driver_then_a_run_repairs(fleet, tmp_path, lab):
+def test_check_reports_the_nodes_uvm_and_share_and_a_containers_driver_then_a_run_repairs(fleet, tmp_path, lab):
     uvm = lab.record()['gpus']['uvm_major']
+    cache = lab.path('node', 'var', 'cache', 'gpufleet', 'uv')  # the lab's first gpu_node_shares
     ldconf = '/etc/ld.so.conf.d/000-gpufleet-nvidia.conf'
     os.unlink('/dev/nvidia-uvm-tools')  # the node lost a uvm node
+    os.chown(cache, 0, 0)  # and its containers can no longer write to the uv cache they share
     try:
         # B no longer loads the node's driver: its loader config is gone
         assert sh(B, 'rm {0} && ldconfig'.format(ldconf)).returncode == 0
@@ -150,7 +152,10 @@ def test_check_reports_the_nodes_uvm_and_a_containers_driver_then_a_run_repairs(
         assert not os.path.exists('/dev/nvidia-uvm-tools') and sh(B, 'test -e ' + ldconf).returncode != 0
         report = summary(tmp_path)
         assert report['drift'] is True
-        assert [i['item'] for i in report['nodes']['pve1']] == ['uvm_node_missing']
+        assert [i['item'] for i in report['nodes']['pve1']] == ['uvm_node_missing', 'share_owner']
+        assert report['nodes']['pve1'][1]['detail'] == \
+            'the shared directory {0} belongs to 0:0, not 100000:100000'.format(cache)
+        assert os.stat(cache).st_uid == 0
         (driver,) = [i for i in report['containers']['drift-b'] if i['stage'] == 'driver']
         assert driver['item'] == 'userspace_driver' and driver['detail'] == 'libcuda none but the node runs 580.95.05'
         assert not [i for i in report['containers']['drift-a'] if i['stage'] == 'driver']
@@ -159,9 +164,11 @@ def test_check_reports_the_nodes_uvm_and_a_containers_driver_then_a_run_repairs(
         assert fix.rc == 0, fix.stdout[-4000:]
         st = os.stat('/dev/nvidia-uvm-tools')
         assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (uvm, 1)
+        assert (os.stat(cache).st_uid, os.stat(cache).st_gid) == (100000, 100000)
         assert sh(B, 'ldconfig -p | grep -q libcuda.so.1').returncode == 0
         assert drift(tmp_path, fleet['fleet'], '--check').rc == 0 and summary(tmp_path)['drift'] is False
     finally:
+        os.chown(cache, 100000, 100000)
         if not os.path.exists('/dev/nvidia-uvm-tools'):
             os.mknod('/dev/nvidia-uvm-tools', 0o666 | 0o020000, os.makedev(uvm, 1))
 

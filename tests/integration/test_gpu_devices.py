@@ -80,6 +80,29 @@ def test_gpu_without_a_node(play, tmp_path, lab):
     assert '[1, 2, 3, 4, 5, 6, 7]' in facts['findings'][0]['msg']
 
 
+def test_shared_directories_wanting(play, lab, tmp_path):
+    ok, owned, moded, plain, ro = (tmp_path / n for n in ('ok', 'owned', 'moded', 'plain', 'ro'))
+    for d in (ok, owned, moded, ro):
+        d.mkdir()
+        os.chmod(str(d), 0o755)
+    for d in (ok, moded):
+        os.chown(str(d), 100000, 100000)
+    os.chmod(str(moded), 0o700)
+    os.chown(str(owned), 100000, 0)  # the group is not the containers' root
+    plain.write_text('a file')
+    shares = [{'path': str(p)} for p in (ok, owned, moded, plain, tmp_path / 'missing')]
+    shares.append({'path': str(ro), 'mp': '/opt/ro', 'read_only': True})  # root's own: any owner will do
+    facts = discover(play, shares=shares, shares_owner=100000)
+    found = [(f['code'], f['path']) for f in facts['findings']]
+    assert found == [('share_owner', str(owned)), ('share_mode', str(moded)), ('share_not_directory', str(plain)),
+                     ('share_missing', str(tmp_path / 'missing'))]
+    assert 'belongs to 100000:0, not 100000:100000' in facts['findings'][0]['msg']
+    assert 'mode 0700, not 0755' in facts['findings'][1]['msg']
+    # without an owner, any owner will do
+    facts = discover(play, shares=[{'path': str(owned)}])
+    assert facts['findings'] == []
+
+
 def test_driver_bundle(play, lab, tmp_path):
     dest = str(tmp_path / 'bundle')
     args = {'version': '580.95.05', 'dest': dest, 'lib_dirs': ['{{ gpufleet_lab_dir }}/driver/lib'],
