@@ -46,6 +46,10 @@ class BuildError(Exception):
         self.details = details
 
 
+class RepairError(BuildError):
+    """A step of the active venv's repair failed, or the repaired venv still has findings or does not import."""
+
+
 # -- the lock -----------------------------------------------------------------------------
 def phases(lock_text, overrides):
     """The lock split into the two installs, in order: everything else, then the declared overrides (so their
@@ -180,6 +184,35 @@ def tail(text, lines=20):
     return '\n'.join((text or '').strip().splitlines()[-lines:])
 
 
+def uv_env(cache_dir=None):
+    """The environment every uv command of a build or a repair runs with."""
+    env = dict(os.environ, UV_LINK_MODE='copy', UV_PYTHON_DOWNLOADS='never', UV_NO_PROGRESS='1')
+    if cache_dir:
+        env['UV_CACHE_DIR'] = cache_dir
+    return env
+
+
+def import_check(py, imports, env, timeout):
+    if imports:
+        run([py, '-c', 'import ' + ', '.join(imports)], env, timeout, 'import {0}'.format(', '.join(imports)))
+
+
+def mend(link, lock, plan, overrides, install_args, uv, imports, env, timeout):
+    """Apply an audit's repair plan to the venv at link, in its order, then audit it again and import the imports
+    with it. Returns the audit after the repair; raises RepairError naming the step or the findings left."""
+    try:
+        for argv in plan:
+            run(argv, env, timeout, 'the repair step {0}'.format(' '.join(argv)))
+        after = _venv.audit(link, lock, 'fast', 'uv', install_args, overrides, uv)
+        if not after['healthy']:
+            raise BuildError('the repaired venv still has findings: {0}'.format(summary(after['findings'])),
+                             findings=after['findings'])
+        import_check(os.path.join(link, 'bin', 'python'), imports, env, timeout)
+    except BuildError as e:
+        raise RepairError(str(e), **e.details)
+    return after
+
+
 def build(target, lock_text, overrides, python, uv, install_args, env, imports, timeout):
     """Make the venv at target; raises BuildError (target removed) when any step or check fails."""
     timings = {}
@@ -205,8 +238,7 @@ def build(target, lock_text, overrides, python, uv, install_args, env, imports, 
             raise BuildError('the new venv failed its audit: {0}'.format(summary(report['findings'])),
                              findings=report['findings'])
         started = time.time()
-        if imports:
-            run([py, '-c', 'import ' + ', '.join(imports)], env, timeout, 'import {0}'.format(', '.join(imports)))
+        import_check(py, imports, env, timeout)
         timings['import_s'] = round(time.time() - started, 2)
         return timings, report
     except BuildError:
@@ -231,14 +263,15 @@ def summary(findings):
 def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=(), install_args=(),
            cache_dir=None, keep=2, imports=('torch',), rollback=False, check=False, timeout=3600,
            python_version_wanted=None, meta=None, lock_text=None, uv_version=None, uv_find_links=None,
-           audit=False):
+           audit=False, repair=False):
     """Make the lock's venv active at link (building it when it does not exist yet), or roll back.
     With lock_text, that is the lock, and it is written to lock_path once its venv is active (so the lock on
     the target always describes the active venv). With uv_version, uv is installed first where it is missing.
     With audit, the result also holds the active venv's audit against its own lock and its last verification
-    (when the lock's venv is the active one, or would be without check mode). Returns the result dict; raises
-    ValueError for bad input (nothing changed) and BuildError for a failed build (the active venv and the lock
-    file untouched)."""
+    (when the lock's venv is the active one, or would be without check mode); with repair too, an audit with
+    findings is acted on: its plan applied, the venv audited and imported again (repaired, repair_audit; in check
+    mode only changed). Returns the result dict; raises ValueError for bad input (nothing changed), BuildError for a
+    failed build (the active venv and the lock file untouched) and RepairError for a failed repair."""
     result, built_report = deploy_venv(root, link, lock_path, python, uv, overrides, install_args, cache_dir, keep,
                                        imports, rollback, check, timeout, python_version_wanted, meta, lock_text,
                                        uv_version, uv_find_links)
@@ -246,9 +279,14 @@ def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=
         venv = result['venv']
         own = os.path.join(venv, LOCK_COPY)
         # A venv built in this run was audited by its build, against the same lock, moments ago.
-        result['audit'] = built_report or _venv.audit(link, own if os.path.exists(own) else lock_path, 'fast', 'uv',
-                                                      install_args, overrides, uv)
+        lock = own if os.path.exists(own) else lock_path
+        result['audit'] = built_report or _venv.audit(link, lock, 'fast', 'uv', install_args, overrides, uv)
         result['verified'] = _verified.read_record(venv)
+        if repair and not result['audit']['healthy']:
+            result.update(changed=True, repaired=not check)
+            if not check:
+                result['repair_audit'] = mend(link, lock, result['audit']['plan'], overrides, install_args, uv,
+                                              list(imports), uv_env(cache_dir), timeout)
     return result
 
 
@@ -300,9 +338,7 @@ def deploy_venv(root, link, lock_path, python, uv, overrides, install_args, cach
     with io.open(os.path.join(root, '.lock'), 'w') as lock_fh:
         fcntl.flock(lock_fh, fcntl.LOCK_EX)
         if need_build:
-            env = dict(os.environ, UV_LINK_MODE='copy', UV_PYTHON_DOWNLOADS='never', UV_NO_PROGRESS='1')
-            if cache_dir:
-                env['UV_CACHE_DIR'] = cache_dir
+            env = uv_env(cache_dir)
             if os.path.exists(target):
                 shutil.rmtree(target)  # an unfinished build of an earlier run
             timings, report = build(target, lock_text, overrides, python, uv, install_args, env,

@@ -16,7 +16,8 @@ description:
     (C(/etc/ld.so.conf.d/000-gpufleet-nvidia.conf) holds C(<mount>/lib), and the loader's cache is refreshed
     when that changed) and links C(/usr/local/bin/nvidia-smi) to C(<mount>/bin/nvidia-smi).
   - Then reads which C(libcuda.so.1) the loader resolves and the driver version its file name carries, and
-    compares it with O(node_version). It does not fail on a mismatch; the caller decides.
+    compares it with O(node_version). With O(require_match=true) a mismatch fails (NVML would answer "Driver/library
+    version mismatch"); in check mode it is reported as a change instead. Otherwise the caller decides.
   - Uses only the Python standard library.
 author:
   - gpufleet maintainers (@gpufleet)
@@ -41,6 +42,10 @@ options:
     description: Where the node's driver bundle is bound into the container (C(lib/), C(bin/)).
     type: path
     default: /opt/nvidia-driver
+  require_match:
+    description: Fail when the container does not load exactly O(node_version) (in check mode, report a change).
+    type: bool
+    default: false
 '''
 
 EXAMPLES = r'''
@@ -83,12 +88,20 @@ from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia
 def main():
     module = AnsibleModule(argument_spec=dict(
         node_version=dict(type='str', required=True), mode=dict(type='str', choices=['bind', 'read'], default='bind'),
-        mount=dict(type='path', default='/opt/nvidia-driver')), supports_check_mode=True)
+        mount=dict(type='path', default='/opt/nvidia-driver'), require_match=dict(type='bool', default=False)),
+        supports_check_mode=True)
     p = module.params
     try:
         result = _nvidia.userspace_driver(p['node_version'], p['mode'], p['mount'], module.check_mode)
     except (IOError, OSError) as e:
         module.fail_json(msg='userspace_driver: {0}'.format(e))
+    if p['require_match'] and not result['match']:
+        msg = ('driver mismatch: the container loads libcuda {0} ({1}) but its node runs kernel module {2}; NVML would '
+               'answer "Driver/library version mismatch"').format(
+                   result['version'] or 'none', result['library'] or 'not found', p['node_version'])
+        if not module.check_mode:
+            module.fail_json(msg=msg, **result)
+        module.exit_json(changed=True, msg=msg, **result)
     module.exit_json(changed=bool(result['changed_files']), **result)
 
 

@@ -25,7 +25,9 @@ description:
   - Runs with the target's system Python and the standard library. uv must be on the target, or
     O(uv_version) given, and then it is installed at O(uv) first.
   - With O(audit=true) it also returns the active venv's audit (RV(audit)) and its last verification
-    (RV(verified)), so one call tells a drift run all it needs to know about the venv.
+    (RV(verified)), so one call tells a drift run all it needs to know about the venv. With O(repair=true) as
+    well, it repairs what that audit found (the audit's plan applied in its order, then the venv audited and its
+    O(imports) imported again). A failed repair step, findings left, or a failed import fail the task saying which.
 author:
   - gpufleet maintainers (@gpufleet)
 attributes:
@@ -80,6 +82,12 @@ options:
       - Also audit the active venv against the lock it was built from, as M(gpufleet.proxmox.venv_audit) does in
         fast mode (the plan uses O(uv) and O(install_args)), and read its last verification. In check mode only
         when the lock's venv is already the active one.
+    type: bool
+    default: false
+  repair:
+    description:
+      - With O(audit=true), apply the audit's repair plan where it found anything (in check mode, report a change),
+        then audit and import again.
     type: bool
     default: false
   overrides:
@@ -169,6 +177,14 @@ verified:
       there is none.
   returned: with O(audit=true), unless check mode would build or switch
   type: dict
+repaired:
+  description: Whether the active venv was repaired (false in check mode, where a repair is reported as a change).
+  returned: with O(repair=true), where the audit found anything
+  type: bool
+repair_audit:
+  description: The active venv's audit after its repair (healthy).
+  returned: when repaired
+  type: dict
 lock_written:
   description: Whether O(lock_content) was (would be, in check mode) written to O(lock); false without it.
   returned: always
@@ -206,7 +222,8 @@ def main():
         imports=dict(type='list', elements='str', default=['torch']), keep=dict(type='int', default=2),
         rollback=dict(type='bool', default=False), timeout=dict(type='int', default=3600),
         python_version=dict(type='str'), meta=dict(type='dict', default={}), lock_content=dict(type='str'),
-        uv_version=dict(type='str'), uv_find_links=dict(type='path'), audit=dict(type='bool', default=False)),
+        uv_version=dict(type='str'), uv_find_links=dict(type='path'), audit=dict(type='bool', default=False),
+        repair=dict(type='bool', default=False)),
         required_if=[('rollback', False, ('lock',))], supports_check_mode=True)
     p = module.params
     try:
@@ -214,7 +231,9 @@ def main():
                                     p['install_args'], p['cache_dir'], p['keep'], p['imports'], p['rollback'],
                                     module.check_mode, p['timeout'], p['python_version'],
                                     p['meta'], p['lock_content'], p['uv_version'], p['uv_find_links'],
-                                    p['audit'])
+                                    p['audit'], p['repair'])
+    except _venv_build.RepairError as e:
+        module.fail_json(msg='venv_build: the repair of {0} failed: {1}'.format(p['link'], e), **e.details)
     except _venv_build.BuildError as e:
         module.fail_json(msg='venv_build: {0}; the active venv is unchanged'.format(e), **e.details)
     except (ValueError, IOError, OSError) as e:

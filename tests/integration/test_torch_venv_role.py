@@ -100,6 +100,9 @@ def test_drift_reported_in_check_mode_then_repaired(built, tmp_path):
 
     fix = venv_site(tmp_path)
     assert fix.rc == 0, fix.stdout[-3000:]
+    (build,) = task(fix, 'venv-a', 'audit the active venv')
+    assert build['changed'] and build['repaired'] and not build['audit']['healthy']  # found, then repaired
+    assert build['repair_audit']['healthy'] and build['repair_audit']['findings']['drift']['extra'] == []
     assert torch_version() == '2.13.0+cpu'
     assert sh('test -e {0}/stray'.format(site_packages)).returncode != 0
     clean = venv_site(tmp_path, '--check')

@@ -148,3 +148,34 @@ def test_the_lab_lock_is_what_its_command_makes(lab, tmp_path):
         with open(path) as fh:
             return [line for line in fh if not line.lstrip().startswith('#')]
     assert body(mine / 'requirements.lock') == body(os.path.join(shipped, 'requirements.lock'))
+
+
+def test_repair_applies_the_audits_plan_and_a_failed_step_is_named(build, tmp_path, wheels):
+    link = str(tmp_path / 'venv')
+    first = lock(wheels, tmp_path / 'a.lock', *STACK)
+    assert build(first, audit=True, repair=True)['audit']['healthy']
+    # the incident: the cu13 set uninstalled takes the files it shared with cu12 along
+    subprocess.run([UV, 'pip', 'uninstall', '--python', os.path.join(link, 'bin', 'python'), 'fake-rt-cu13'],
+                   check=True, capture_output=True)
+    planned = build(first, check=True, audit=True, repair=True)
+    assert planned['changed'] and planned['repaired'] is False and not planned['audit']['healthy']
+    assert planned['audit']['findings']['drift']['missing'] == [{'name': 'fake-rt-cu13', 'version': '1.0'}]
+    assert 'repair_audit' not in planned and flavour_fails(link)
+
+    # a plan whose reinstall cannot find its wheels: the failed step is named and the task fails
+    empty = tmp_path / 'empty'
+    empty.mkdir()
+    failed = build(first, fail=True, audit=True, repair=True,
+                   install_args=['--offline', '--no-index', '--find-links', str(empty)])
+    assert 'the repair of {0} failed: the repair step '.format(link) in failed['msg'] and 'fake-rt' in failed['msg']
+
+    fixed = build(first, audit=True, repair=True)
+    assert fixed['changed'] and fixed['repaired'] and not fixed['built'] and not fixed['audit']['healthy']
+    assert fixed['repair_audit']['healthy'] and flavour(link) == 'cu13'
+    again = build(first, audit=True, repair=True)
+    assert not again['changed'] and again['audit']['healthy'] and 'repaired' not in again
+
+
+def flavour_fails(link):
+    return subprocess.run([os.path.join(link, 'bin', 'python'), '-c', 'import fake_torch'],
+                          capture_output=True).returncode != 0
