@@ -152,7 +152,7 @@ def test_check_reports_the_nodes_uvm_and_share_and_a_containers_driver_then_a_ru
         assert not os.path.exists('/dev/nvidia-uvm-tools') and sh(B, 'test -e ' + ldconf).returncode != 0
         report = summary(tmp_path)
         assert report['drift'] is True
-        assert [i['item'] for i in report['nodes']['pve1']] == ['uvm_node_missing', 'share_owner']
+        assert [i['item'] for i in report['nodes']['pve1']] == ['uvm_node_missing', 'share_owner'], report['nodes']
         assert report['nodes']['pve1'][1]['detail'] == \
             'the shared directory {0} belongs to 0:0, not 100000:100000'.format(cache)
         assert os.stat(cache).st_uid == 0
@@ -171,6 +171,7 @@ def test_check_reports_the_nodes_uvm_and_share_and_a_containers_driver_then_a_ru
         os.chown(cache, 100000, 100000)
         if not os.path.exists('/dev/nvidia-uvm-tools'):
             os.mknod('/dev/nvidia-uvm-tools', 0o666 | 0o020000, os.makedev(uvm, 1))
+            os.chmod('/dev/nvidia-uvm-tools', 0o666)  # mknod's mode passes through the umask
 
 
 def play(name, tmp_path, fleet, *args):

@@ -72,8 +72,8 @@ def test_build_then_nothing_to_do(built, tmp_path, lab):
     again = venv_site(tmp_path)
     assert again.rc == 0 and all(s['changed'] == 0 for s in again.stats.values()), again.stats
     # the first run installed the pinned uv (venv_build does, where it is missing); the second found it
-    (first,) = task(built, 'venv-a', 'audit the active venv')
-    (second,) = task(again, 'venv-a', 'audit the active venv')
+    (first,) = task(built, 'venv-a', 'audit the active venv and repair it')
+    (second,) = task(again, 'venv-a', 'audit the active venv and repair it')
     assert first['uv_installed'] and not second['uv_installed'] and second['audit']['healthy']
 
 
@@ -90,7 +90,7 @@ def test_drift_reported_in_check_mode_then_repaired(built, tmp_path):
 
     check = venv_site(tmp_path, '--check')
     assert check.rc == 0, check.stdout[-3000:]
-    (build,) = task(check, 'venv-a', 'audit the active venv')
+    (build,) = task(check, 'venv-a', 'audit the active venv and repair it')
     audit = build['audit']
     assert not audit['healthy'] and not build['built'] and not build['switched']
     assert build['changed']  # what a repair run would change
@@ -100,7 +100,7 @@ def test_drift_reported_in_check_mode_then_repaired(built, tmp_path):
 
     fix = venv_site(tmp_path)
     assert fix.rc == 0, fix.stdout[-3000:]
-    (build,) = task(fix, 'venv-a', 'audit the active venv')
+    (build,) = task(fix, 'venv-a', 'audit the active venv and repair it')
     assert build['changed'] and build['repaired'] and not build['audit']['healthy']  # found, then repaired
     assert build['repair_audit']['healthy'] and build['repair_audit']['findings']['drift']['extra'] == []
     assert torch_version() == '2.13.0+cpu'
@@ -115,14 +115,14 @@ def test_failed_build_keeps_the_active_venv_and_rollback(built, tmp_path):
     bad = lock.replace(lock.split('--hash=sha256:')[1][:64], '0' * 64, 1)
     failed = venv_site(tmp_path, torch_venv_profile=profile(tmp_path, 'tampered', bad))
     assert failed.rc != 0
-    (res,) = task(failed, 'venv-a', 'audit the active venv')
+    (res,) = task(failed, 'venv-a', 'audit the active venv and repair it')
     assert res['failed'] and 'the active venv is unchanged' in res['msg'] and 'hash' in res['msg'].lower()
     assert link() == before and torch_version() == '2.13.0+cpu'
 
     # the same packages under another lock: a new venv beside (the node's cache is warm), then back
     newer = venv_site(tmp_path, torch_venv_profile=profile(tmp_path, 'newer', lock + '# rebuilt\n'))
     assert newer.rc == 0, newer.stdout[-3000:]
-    (res,) = task(newer, 'venv-a', 'audit the active venv')
+    (res,) = task(newer, 'venv-a', 'audit the active venv and repair it')
     assert res['built'] and res['previous'] == os.path.basename(before) and link() != before
     back = venv_site(tmp_path, torch_venv_rollback=True)
     assert back.rc == 0, back.stdout[-3000:]
@@ -140,7 +140,7 @@ def test_a_profile_without_its_lock_is_refused(built, tmp_path):
     r = venv_site(tmp_path, torch_venv_profile=str(d))
     assert r.rc != 0
     # refused while the build task's arguments are worked out, before anything runs in the container
-    (res,) = task(r, 'venv-a', 'audit the active venv')
+    (res,) = task(r, 'venv-a', 'audit the active venv and repair it')
     assert res['failed'] and 'invocation' not in res
     assert 'torch_venv_profile' in res['msg'] and 'gpufleet profile lock {0}'.format(d) in res['msg']
     assert 'requirements.lock missing' in res['msg']
