@@ -3,7 +3,7 @@
     python bench/fleet_bench.py [--containers N]
 
 Makes N containers with their venvs (site.yml, the lab's CPU profile, one GPU stand-in each where the lab has
-them), then times, each the median of 3:
+them), then times, each the median of 3 runs made in rounds (one of each series a round):
   - `ansible -m ping` over the N containers (through the pct connection): touching each host once;
   - a no-op site.yml (nothing to change);
   - drift.yml --check (every stage in check mode, plus the reports; each container's last passing verification
@@ -86,9 +86,13 @@ def main():
                                                           '-e', 'verify_max_age=0'],
                   'drift_check_without_verify': playbook + ['playbooks/drift.yml', '--check', '--diff',
                                                             '--skip-tags', 'verify']}
-        for name, argv in series.items():
-            times = [run(argv, env, tmp) for _ in range(args.runs)]
-            figures[name + '_s'] = round(statistics.median(times), 2)
+        times = dict((name, []) for name in series)
+        for _ in range(args.runs):  # in rounds, so that a machine slower for a while weighs on every series alike
+            for name, argv in series.items():
+                times[name].append(run(argv, env, tmp))
+        for name in series:
+            figures[name + '_s'] = round(statistics.median(times[name]), 2)
+            figures[name + '_runs_s'] = [round(t, 2) for t in times[name]]
         figures['drift_check_over_ping'] = round(figures['drift_check_s'] / figures['ping_s'], 2)
         figures['drift_check_fresh_verify_over_ping'] = round(figures['drift_check_fresh_verify_s'] / figures['ping_s'], 2)
         figures['drift_check_without_verify_over_ping'] = round(
