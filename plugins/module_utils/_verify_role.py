@@ -19,13 +19,15 @@ def state(facts):
     """What the verify role works out for one container before it audits and verifies, from the facts of this
     run (see roles/verify/vars/main.yml for what each one is): the venv's profile (meta), what torch must show
     (expect), whether CUDA is required (cuda), whether torch_venv audited this venv in this run and left it as it
-    found it (audited, with that audit; else the role audits), the fingerprint of everything a verification
+    found it or as its repair left it (audited, with that audit; else the role audits), the fingerprint of everything a verification
     depends on, and whether the last passing verification (recorded in the venv) stands instead of importing
     torch again (reuse, with its result marked reused, verified_at and age_s)."""
     settings = facts.get('settings') or {}
     built = facts.get('built') or {}
     ran = 'id' in built  # torch_venv ran in this run (its venv_build result)
-    built_audit = built.get('audit') or {}
+    # after a repair, the audit venv_build made of the repaired venv (a repair also makes the run changed, so a
+    # record is never reused after one)
+    built_audit = built.get('repair_audit') or built.get('audit') or {}
     if ran:
         meta = built.get('meta') or {}
     else:

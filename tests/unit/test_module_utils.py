@@ -150,6 +150,12 @@ def test_verify_state_expects_from_the_profile_and_the_container():
     marker = base64.b64encode(json.dumps({'meta': {'profile': 'q', 'expect': {}}}).encode()).decode()
     alone = _verify_role.state(_facts(marker=marker, built=None))
     assert alone['meta']['profile'] == 'q' and not alone['audited'] and not alone['reuse']
+    # a repair run: the audit of the repaired venv stands (no second audit), and the venv is verified again
+    repaired = dict(_facts()['built'], changed=True, repaired=True, audit={'healthy': False},
+                    repair_audit={'healthy': True, 'findings': {}})
+    after = _verify_role.state(_facts(built=repaired, check_mode=False))
+    assert after['audited'] and after['audit'] == repaired['repair_audit'] and not after['reuse']
+    assert not _verify_role.state(_facts(built=dict(repaired, repair_audit=None), check_mode=False))['audited']
 
 
 def test_verify_state_reuses_a_record_only_while_what_it_saw_holds():
