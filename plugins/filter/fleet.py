@@ -41,7 +41,7 @@ def fleet_verify_summary(reports):
 
 
 def fleet_drift(data, kind, *args):
-    """kind node: data = gpu_devices facts, args = (bundle result,); containers: data = lxc_container result,
+    """kind node: data = gpu_devices facts; containers: data = lxc_container result,
     args = (fleet,); container: data = {driver, build, report}; summary: data = {nodes, containers},
     args = (check_mode,); reports: data = a summary, the files of the drift run (one per host, and the summary)."""
     if kind == 'node':

@@ -15,14 +15,11 @@ def _item(stage, item, detail, **extra):
     return out
 
 
-def node(gpu_devices, bundle=None):
+def node(gpu_devices):
     """A node's drift: gpu_devices' findings (nvidia-uvm not loaded, its nodes missing or stale, no driver, a
-    shared directory missing or not as it should be) and a driver bundle that had to be (re)gathered."""
-    items = [_item('node', f.get('code'), f.get('msg') or f.get('fix') or '')
-             for f in (gpu_devices or {}).get('findings') or []]
-    if (bundle or {}).get('changed'):
-        items.append(_item('node', 'driver_bundle', 'the driver bundle {0} was out of date'.format(bundle.get('path'))))
-    return items
+    shared directory missing or not as it should be, the driver bundle out of date)."""
+    return [_item('node', f.get('code'), f.get('msg') or f.get('fix') or '')
+            for f in (gpu_devices or {}).get('findings') or []]
 
 
 def containers(reconcile, fleet):

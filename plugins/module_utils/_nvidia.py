@@ -13,6 +13,7 @@ __metaclass__ = type
 import errno
 import os
 import re
+import shutil
 import stat
 import subprocess
 
@@ -109,9 +110,10 @@ def find_program(name, explicit=None):
     return None
 
 
-def discover(dev_dir='/dev', proc_root='/proc', smi=None, persistenced=None, shares=()):
+def discover(dev_dir='/dev', proc_root='/proc', smi=None, persistenced=None, shares=(), bundle=None):
     """Everything a node offers for passthrough, and what is wrong with it (findings with a fix), the
-    directories it shares with its containers included (see share_findings)."""
+    directories it shares with its containers included (see share_findings), and, given bundle (the options of
+    bundle_files and dest), the driver bundle of the loaded version (see bundle_findings)."""
     majors = char_majors(proc_root)
     version = driver_version(proc_root)
     uvm_major = majors.get('nvidia-uvm')
@@ -167,10 +169,118 @@ def discover(dev_dir='/dev', proc_root='/proc', smi=None, persistenced=None, sha
             findings.append({'code': 'gpu_nodes_missing', 'fix': 'nvidia-modprobe -c {0}'.format(missing[0]),
                              'msg': 'nvidia-smi lists GPU(s) {0} without a /dev/nvidiaN node'.format(missing)})
     findings.extend(share_findings(shares))
+    gathered = None
+    if bundle and version:
+        gathered = {'version': version, 'path': os.path.join(bundle['dest'], version)}
+        findings.extend(bundle_findings(gathered['path'], version, **dict(
+            (k, v) for k, v in bundle.items() if k != 'dest')))
     return {'gpus': gpus, 'count': len(gpus), 'indexes': [g['index'] for g in gpus], 'control': control, 'caps': caps,
             'majors': dict((k, v) for k, v in majors.items() if k.startswith('nvidia')),
             'uvm_major': uvm_major, 'driver_version': version, 'findings': findings,
-            'nvidia_smi': smi if listed is not None else None, 'persistenced': persistenced}
+            'nvidia_smi': smi if listed is not None else None, 'persistenced': persistenced, 'bundle': gathered}
+
+
+def _find(dirs, name):
+    for d in dirs:
+        path = os.path.join(d, name)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+# The options that say what a driver bundle holds and where bundles go (driver_bundle; gpu_devices' bundle).
+BUNDLE_SPEC = dict(dest=dict(type='path', required=True),
+                   lib_dirs=dict(type='list', elements='path', required=True),
+                   bin_dirs=dict(type='list', elements='path', default=['/usr/bin']),
+                   libs=dict(type='dict', required=True),
+                   bins=dict(type='list', elements='str', default=['nvidia-smi']))
+
+
+def bundle_files(version, lib_dirs, libs, bin_dirs=('/usr/bin',), bins=('nvidia-smi',)):
+    """The node's driver files of one version that a bundle holds: [(source, path in the bundle, soname to
+    link or None)] - each library <name>.so.<version> (libs: name to soname) found in lib_dirs, each program
+    found in bin_dirs. Raises BundleError when libcuda of that version is not among them."""
+    wanted = []
+    for name, soname in sorted(libs.items()):
+        filename = '{0}.so.{1}'.format(name, version)
+        src = _find(lib_dirs, filename)
+        if src:
+            wanted.append((src, os.path.join('lib', filename), soname or None))
+    if not any(rel.startswith('lib/libcuda.so.') for _s, rel, _l in wanted):
+        raise BundleError('no libcuda.so.{0} in {1}: the node\'s userspace driver does not match its kernel '
+                          'module {0}'.format(version, ', '.join(lib_dirs)))
+    for name in bins:
+        src = _find(bin_dirs, name)
+        if src:
+            wanted.append((src, os.path.join('bin', name), None))
+    return wanted
+
+
+class BundleError(Exception):
+    pass
+
+
+def _same_file(src, dest):
+    """dest is a current copy of src: a file of the same size and mtime (to the second), as gather_bundle leaves
+    it - confirmed by stat alone, as rsync does, so that a look at a current bundle reads none of its bytes."""
+    try:
+        a, b = os.stat(src), os.lstat(dest)
+    except OSError:
+        return False
+    return stat.S_ISREG(b.st_mode) and a.st_size == b.st_size and int(a.st_mtime) == int(b.st_mtime)
+
+
+def bundle_stale(path, wanted):
+    """What of wanted (bundle_files) the bundle at path lacks or holds otherwise: paths in the bundle."""
+    stale = []
+    for src, rel, soname in wanted:
+        dest = os.path.join(path, rel)
+        if not _same_file(src, dest):
+            stale.append(rel)
+        if soname:
+            link = os.path.join(os.path.dirname(dest), soname)
+            if not (os.path.islink(link) and os.readlink(link) == os.path.basename(dest)):
+                stale.append(os.path.join(os.path.dirname(rel), soname))
+    return stale
+
+
+def bundle_findings(path, version, **files):
+    """A bundle_stale finding where the bundle at path is not what the node's driver of version makes of it
+    (files: the options of bundle_files), or where that driver has no libcuda to gather."""
+    try:
+        stale = bundle_stale(path, bundle_files(version, **files))
+    except BundleError as e:
+        return [{'code': 'bundle_stale', 'path': path, 'fix': 'install the userspace driver of the loaded module',
+                 'msg': str(e)}]
+    if not stale:
+        return []
+    return [{'code': 'bundle_stale', 'path': path, 'fix': 'gather it again (driver_bundle)',
+             'msg': 'the driver bundle {0} lacks or holds another copy of {1}'.format(path, ', '.join(stale))}]
+
+
+def gather_bundle(path, wanted, check=False):
+    """Copy into the bundle at path what it lacks or holds otherwise of wanted (bundle_files) and link the
+    sonames (in check mode only report). Copies keep their source's mtime. Returns whether anything changed."""
+    changed = False
+    for src, rel, soname in wanted:
+        dest = os.path.join(path, rel)
+        if not _same_file(src, dest):
+            changed = True
+            if not check:
+                st = os.stat(src)
+                os.makedirs(os.path.dirname(dest), mode=0o755, exist_ok=True)
+                shutil.copyfile(src, dest + '.tmp')
+                os.chmod(dest + '.tmp', 0o755)
+                os.utime(dest + '.tmp', ns=(st.st_atime_ns, st.st_mtime_ns))
+                os.rename(dest + '.tmp', dest)
+        if soname:
+            link = os.path.join(os.path.dirname(dest), soname)
+            if os.path.islink(link) and os.readlink(link) == os.path.basename(dest):
+                continue
+            changed = True
+            if not check:
+                replace_link(link, os.path.basename(dest))
+    return changed
 
 
 def share_findings(shares):

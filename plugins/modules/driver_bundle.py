@@ -15,8 +15,11 @@ description:
   - Copies the driver's libraries (C(<name>.so.<version>)) and programs into C(<dest>/<version>/lib) and
     C(<dest>/<version>/bin), and links each library's soname, so that containers can bind exactly the
     node's driver in read-only.
-  - Copies only what differs. Fails naming the directories searched when C(libcuda) of that version is
-    not on the node (its userspace does not match its kernel module).
+  - Copies only what differs: a file whose size or mtime is not its source's (a copy keeps its source's mtime).
+    M(gpufleet.proxmox.gpu_devices) with O(gpufleet.proxmox.gpu_devices#module:bundle) tells the same way
+    whether a bundle is current.
+  - Fails naming the directories searched when C(libcuda) of that version is not on the node (its userspace
+    does not match its kernel module).
   - Uses only the Python standard library.
 author:
   - gpufleet maintainers (@gpufleet)
@@ -78,63 +81,24 @@ files:
   elements: str
 '''
 
-import filecmp
 import os
-import shutil
 
 from ansible.module_utils.basic import AnsibleModule
 
-
-def find(dirs, name):
-    for d in dirs:
-        path = os.path.join(d, name)
-        if os.path.isfile(path):
-            return path
-    return None
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia
 
 
 def main():
-    module = AnsibleModule(argument_spec=dict(
-        version=dict(type='str', required=True), dest=dict(type='path', required=True),
-        lib_dirs=dict(type='list', elements='path', required=True),
-        bin_dirs=dict(type='list', elements='path', default=['/usr/bin']),
-        libs=dict(type='dict', required=True), bins=dict(type='list', elements='str', default=['nvidia-smi'])),
-        supports_check_mode=True)
+    module = AnsibleModule(argument_spec=dict(_nvidia.BUNDLE_SPEC, version=dict(type='str', required=True)),
+                           supports_check_mode=True)
     p = module.params
-    bundle = os.path.join(p['dest'], p['version'])
-    wanted = []  # (source, relative destination, soname link or None)
-    for name, soname in sorted(p['libs'].items()):
-        filename = '{0}.so.{1}'.format(name, p['version'])
-        src = find(p['lib_dirs'], filename)
-        if src:
-            wanted.append((src, os.path.join('lib', filename), soname or None))
-    if not any(rel.startswith('lib/libcuda.so.') for _s, rel, _l in wanted):
-        module.fail_json(msg='no libcuda.so.{0} in {1}: the node\'s userspace driver does not match its kernel '
-                             'module {0}'.format(p['version'], ', '.join(p['lib_dirs'])))
-    for name in p['bins']:
-        src = find(p['bin_dirs'], name)
-        if src:
-            wanted.append((src, os.path.join('bin', name), None))
-    changed = False
-    for src, rel, soname in wanted:
-        dest = os.path.join(bundle, rel)
-        if not (os.path.isfile(dest) and filecmp.cmp(src, dest, shallow=False)):
-            changed = True
-            if not module.check_mode:
-                os.makedirs(os.path.dirname(dest), mode=0o755, exist_ok=True)
-                shutil.copyfile(src, dest + '.tmp')
-                os.chmod(dest + '.tmp', 0o755)
-                os.rename(dest + '.tmp', dest)
-        if soname:
-            link = os.path.join(os.path.dirname(dest), soname)
-            if os.path.islink(link) and os.readlink(link) == os.path.basename(dest):
-                continue
-            changed = True
-            if not module.check_mode:
-                if os.path.lexists(link):
-                    os.unlink(link)
-                os.symlink(os.path.basename(dest), link)
-    module.exit_json(changed=changed, path=bundle, files=sorted(rel for _s, rel, _l in wanted))
+    path = os.path.join(p['dest'], p['version'])
+    try:
+        wanted = _nvidia.bundle_files(p['version'], p['lib_dirs'], p['libs'], p['bin_dirs'], p['bins'])
+    except _nvidia.BundleError as e:
+        module.fail_json(msg=str(e))
+    changed = _nvidia.gather_bundle(path, wanted, module.check_mode)
+    module.exit_json(changed=changed, path=path, files=sorted(rel for _s, rel, _l in wanted))
 
 
 if __name__ == '__main__':

@@ -22,6 +22,10 @@ description:
   - With O(shares), also reports each directory the node shares with its containers that is missing, not a
     directory, or owned or moded otherwise (C(share_missing), C(share_not_directory), C(share_owner),
     C(share_mode), each with its C(path)), so that a role makes or mends only those.
+  - With O(bundle), also reports a driver bundle of the loaded version (see M(gpufleet.proxmox.driver_bundle))
+    that lacks a file, holds another copy of one or lacks a soname link (C(bundle_stale), with its C(path));
+    a bundle is current when each file has its source's size and mtime (read by stat alone, as rsync
+    does), so that a role gathers it only when it is not.
   - Changes nothing. Uses only the Python standard library.
 author:
   - gpufleet maintainers (@gpufleet)
@@ -70,6 +74,35 @@ options:
     description: The mode of the shared directories, in octal.
     type: str
     default: '0755'
+  bundle:
+    description:
+      - What the node's driver bundle holds (the options of M(gpufleet.proxmox.driver_bundle) but O(version),
+        which is the loaded module's).
+    type: dict
+    suboptions:
+      dest:
+        description: Where bundles go, one directory per version.
+        type: path
+        required: true
+      lib_dirs:
+        description: Where the node's driver libraries are.
+        type: list
+        elements: path
+        required: true
+      bin_dirs:
+        description: Where the node's driver programs are.
+        type: list
+        elements: path
+        default: [/usr/bin]
+      libs:
+        description: Library names to the soname to link (an empty soname links none).
+        type: dict
+        required: true
+      bins:
+        description: Program names.
+        type: list
+        elements: str
+        default: [nvidia-smi]
 '''
 
 EXAMPLES = r'''
@@ -93,8 +126,10 @@ ansible_facts:
       description:
         - C(gpus) (index, path, major, minor, mode, and pci_bus_id, uuid, name where nvidia-smi answers),
           C(count), C(control) (nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools by name), C(caps),
-          C(majors), C(uvm_major), C(driver_version), C(findings) (code, msg, fix, and path for a share), C(nvidia_smi) (the one that
-          answered), C(persistenced) (the path of nvidia-persistenced where it is installed, else null).
+          C(majors), C(uvm_major), C(driver_version), C(findings) (code, msg, fix, and path for a share or the bundle), C(nvidia_smi) (the
+          one that answered), C(persistenced) (the path of nvidia-persistenced where it is installed, else null),
+          C(bundle) (C(version) and C(path) of the driver bundle of the loaded module; null without O(bundle) or
+          a loaded driver).
       type: dict
       returned: always
 '''
@@ -112,13 +147,14 @@ def main():
                                                   path=dict(type='path', required=True), mp=dict(type='str'),
                                                   read_only=dict(type='bool', default=False))),
                                               shares_owner=dict(type='int'),
-                                              shares_mode=dict(type='str', default='0755')),
+                                              shares_mode=dict(type='str', default='0755'),
+                                              bundle=dict(type='dict', options=_nvidia.BUNDLE_SPEC)),
                            supports_check_mode=True)
     p = module.params
     facts = _nvidia.discover(p['dev_dir'], p['proc_root'], _nvidia.find_program('nvidia-smi', p['nvidia_smi']),
                              _nvidia.find_program('nvidia-persistenced'),
                              [{'path': share['path'], 'owner': None if share['read_only'] else p['shares_owner'],
-                               'mode': p['shares_mode']} for share in p['shares']])
+                               'mode': p['shares_mode']} for share in p['shares']], p['bundle'])
     module.exit_json(changed=False, ansible_facts={'gpufleet_gpu_devices': facts})
 
 

@@ -121,3 +121,49 @@ def test_driver_bundle(play, lab, tmp_path):
     assert run()['changed'] is False
     other = run(version='570.172.08')
     assert other.get('failed') and 'no libcuda.so.570.172.08' in other['msg']
+
+
+def test_bundle_currency_is_discovered(play, lab, tmp_path):
+    """Discovery tells a current bundle (by stat alone) from one that lacks a file, holds another copy of one
+    or lacks a soname link, and names what is wrong; driver_bundle gathers only that."""
+    dest = str(tmp_path / 'bundle')
+    files = {'dest': dest, 'lib_dirs': ['{{ gpufleet_lab_dir }}/driver/lib'],
+             'bin_dirs': ['{{ gpufleet_lab_dir }}/driver/bin'],
+             'libs': {'libcuda': 'libcuda.so.1', 'libnvidia-ml': 'libnvidia-ml.so.1'}}
+    bundle = os.path.join(dest, '580.95.05')
+
+    def stale():
+        facts = discover(play, bundle=files)
+        assert facts['bundle'] == {'version': '580.95.05', 'path': bundle}
+        found = [f for f in facts['findings'] if f['code'] == 'bundle_stale']
+        assert all(f['path'] == bundle for f in found)
+        return [f['msg'] for f in found]
+
+    def gather():
+        r = play([{'gpufleet.proxmox.driver_bundle': dict(files, version='580.95.05')}], hosts='pve1')
+        return r.task(0, 'pve1')
+
+    assert stale() == ['the driver bundle {0} lacks or holds another copy of lib/libcuda.so.580.95.05, '
+                       'lib/libcuda.so.1, lib/libnvidia-ml.so.580.95.05, lib/libnvidia-ml.so.1, '
+                       'bin/nvidia-smi'.format(bundle)]
+    assert gather()['changed'] is True
+    assert stale() == []
+    source = lab.path('driver', 'lib', 'libcuda.so.580.95.05')
+    copy = os.path.join(bundle, 'lib', 'libcuda.so.580.95.05')
+    assert os.stat(copy).st_mtime_ns == os.stat(source).st_mtime_ns  # so that the next look is by stat alone
+    # another copy of a library (clobbered in place), and a soname link gone
+    with open(copy, 'ab') as fh:
+        fh.write(b'x')
+    os.unlink(os.path.join(bundle, 'lib', 'libnvidia-ml.so.1'))
+    assert stale() == ['the driver bundle {0} lacks or holds another copy of lib/libcuda.so.580.95.05, '
+                       'lib/libnvidia-ml.so.1'.format(bundle)]
+    assert gather()['changed'] is True
+    assert stale() == [] and gather()['changed'] is False
+    with open(copy, 'rb') as a, open(source, 'rb') as b:
+        assert a.read() == b.read()
+    # a driver without its libcuda: the finding says so, and driver_bundle fails with the same words
+    files['lib_dirs'] = [str(tmp_path)]
+    assert stale() == ['no libcuda.so.580.95.05 in {0}: the node\'s userspace driver does not match its kernel '
+                       'module 580.95.05'.format(tmp_path)]
+    # without a bundle to look at, none is reported
+    assert discover(play)['bundle'] is None
