@@ -16,14 +16,6 @@ def _utils(name):
     return importlib.import_module('ansible_collections.gpufleet.proxmox.plugins.module_utils.' + name)
 
 
-def fleet_errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, passthrough='auto'):
-    return _utils('_fleet').errors(fleet, nodes, pve, is_root_password, gpu_sharing, passthrough)
-
-
-def fleet_specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None, shares=None):
-    return _utils('_fleet').specs(fleet, nodes, defaults, passthrough, driver_mount, shares)
-
-
 def fleet_hosts(running, fleet, devices=None):
     return _utils('_fleet').hosts(running, fleet, devices)
 
@@ -42,14 +34,16 @@ def fleet_verify_summary(reports):
 
 def fleet_drift(data, kind, *args):
     """kind node: data = gpu_devices facts; containers: data = lxc_container result,
-    args = (fleet,); container: data = {driver, build, report}; summary: data = {nodes, containers},
+    args = (fleet,); container: data = a container's variables (hostvars[name]: its driver, build and report);
+    summary: data = {nodes, containers},
     args = (check_mode,); reports: data = a summary, the files of the drift run (one per host, and the summary)."""
     if kind == 'node':
         return _utils('_drift').node(data, *args)
     if kind == 'containers':
         return _utils('_drift').containers(data, *args)
     if kind == 'container':
-        return _utils('_drift').container(**data)
+        return _utils('_drift').container(driver=data.get('gpu_container_driver'), build=data.get('torch_venv_build'),
+                                          report=(data.get('ansible_facts') or {}).get('verify_report'))
     if kind == 'summary':
         return _utils('_drift').summary(data.get('nodes'), data.get('containers'), *args)
     if kind == 'reports':
@@ -59,5 +53,5 @@ def fleet_drift(data, kind, *args):
 
 class FilterModule(object):
     def filters(self):
-        return {'fleet_errors': fleet_errors, 'fleet_specs': fleet_specs, 'fleet_raw': fleet_raw, 'fleet_power': fleet_power,
+        return {'fleet_raw': fleet_raw, 'fleet_power': fleet_power,
                 'fleet_hosts': fleet_hosts, 'fleet_verify_summary': fleet_verify_summary, 'fleet_drift': fleet_drift}

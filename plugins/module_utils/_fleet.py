@@ -237,3 +237,28 @@ def power(specs, restart):
             state = 'restarted'
         out.append(dict(spec, state=state))
     return out
+
+
+class FleetError(Exception):
+    """The fleet definition has problems: every one of them, as errors() words them."""
+
+    def __init__(self, problems):
+        self.problems = problems
+        super(FleetError, self).__init__('The fleet definition has {0} problem(s): {1}'.format(
+            len(problems), '; '.join(problems)))
+
+
+def plan(fleet, pve, is_root_password):
+    """lxc_container's fleet option checked as a whole against the cluster (its version and whether the login
+    is root@pam with its password) and expanded: (passthrough mode, one spec per container). The mode is
+    devn from PVE 8.1 on and raw before where fleet's passthrough is auto. Raises FleetError naming every
+    problem."""
+    wanted = fleet.get('passthrough') or 'auto'
+    problems = errors(fleet.get('containers'), fleet.get('nodes') or {}, pve, is_root_password,
+                      bool(fleet.get('gpu_sharing')), wanted)
+    if problems:
+        raise FleetError(problems)
+    mode = wanted if wanted != 'auto' else ('devn' if pve_version(pve) >= DEVN_SINCE else 'raw')
+    out = specs(fleet['containers'], fleet.get('nodes') or {}, fleet.get('defaults') or {}, mode,
+                fleet.get('driver_mounts'), fleet.get('shares'))
+    return mode, [dict(spec, **(fleet.get('override') or {})) for spec in out]

@@ -15,7 +15,7 @@ description:
   - Copies the driver's libraries (C(<name>.so.<version>)) and programs into C(<dest>/<version>/lib) and
     C(<dest>/<version>/bin), and links each library's soname, so that containers can bind exactly the
     node's driver in read-only.
-  - Copies only what differs: a file whose size or mtime is not its source's (a copy keeps its source's mtime).
+  - Copies only what differs, a file whose size or mtime is not its source's (a copy keeps its source's mtime).
     M(gpufleet.proxmox.gpu_devices) with O(gpufleet.proxmox.gpu_devices#module:bundle) tells the same way
     whether a bundle is current.
   - Fails naming the directories searched when C(libcuda) of that version is not on the node (its userspace

@@ -126,8 +126,8 @@ ansible_facts:
       description:
         - C(gpus) (index, path, major, minor, mode, and pci_bus_id, uuid, name where nvidia-smi answers),
           C(count), C(control) (nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools by name), C(caps),
-          C(majors), C(uvm_major), C(driver_version), C(findings) (code, msg, fix, and path for a share or the bundle), C(nvidia_smi) (the
-          one that answered), C(persistenced) (the path of nvidia-persistenced where it is installed, else null),
+          C(majors), C(uvm_major), C(driver_version), C(findings) (code, msg, fix, and path for a share or the
+          bundle), C(nvidia_smi) (the one that answered), C(persistenced) (the path of nvidia-persistenced where it is installed, else null),
           C(bundle) (C(version) and C(path) of the driver bundle of the loaded module; null without O(bundle) or
           a loaded driver).
       type: dict

@@ -79,6 +79,24 @@ def test_fleet_specs_and_raw_lines():
     assert 'lxc.mount.entry: /dev/nvidia2 dev/nvidia2 none bind,optional,create=file' in raw
 
 
+def test_fleet_plan_checks_the_whole_fleet_then_expands_it_by_the_clusters_version():
+    fleet = {'containers': [{'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'gpus': [1]}],
+             'nodes': {'gpu01': [0, 1]}, 'defaults': {'state': 'started'}, 'passthrough': 'auto'}
+    mode, specs = _fleet.plan(fleet, '9.0.3', True)
+    assert mode == 'devn' and [d['path'] for d in specs[0]['devices']][0] == '/dev/nvidia1'
+    mode, specs = _fleet.plan(fleet, '8.0.4', True)
+    assert mode == 'raw' and specs[0]['devices'] == [] and specs[0]['state'] == 'started'
+    # what the caller sets on every container comes last
+    mode, specs = _fleet.plan(dict(fleet, override={'state': 'absent', 'force': True}), '9.0.3', True)
+    assert (specs[0]['state'], specs[0]['force']) == ('absent', True)
+    # every problem at once, the login's too
+    bad = dict(fleet, containers=[{'vmid': 99, 'hostname': 'a_b', 'node': 'gpu01', 'gpus': [1]}])
+    with pytest.raises(_fleet.FleetError) as e:
+        _fleet.plan(bad, '9.0.3', False)
+    assert len(e.value.problems) == 3 and str(e.value).startswith('The fleet definition has 3 problem(s): ')
+    assert '.vmid: must be' in str(e.value) and '.hostname:' in str(e.value) and 'root@pam' in str(e.value)
+
+
 def test_raw_lines_replace_only_the_main_sections_lxc_lines():
     text = ('#notes\narch: amd64\nlxc.apparmor.profile: unconfined\ncores: 2\n\n'
             '[pve:pending]\nlxc.mount.entry: pending\n\n[snap1]\nlxc.cgroup2.devices.allow: a\n')
