@@ -76,8 +76,8 @@ options:
     default: '0755'
   bundle:
     description:
-      - What the node's driver bundle holds (the options of M(gpufleet.proxmox.driver_bundle) but O(version),
-        which is the loaded module's).
+      - What the node's driver bundle holds, the options of M(gpufleet.proxmox.driver_bundle) but
+        O(gpufleet.proxmox.driver_bundle#module:version), which is the loaded module's.
     type: dict
     suboptions:
       dest:
