@@ -76,33 +76,13 @@ options:
     default: '0755'
   bundle:
     description:
-      - What the node's driver bundle holds, the options of M(gpufleet.proxmox.driver_bundle) but
-        O(gpufleet.proxmox.driver_bundle#module:version), which is the loaded module's.
+      - What the node's driver bundle holds, as a dict of the options of M(gpufleet.proxmox.driver_bundle) but
+        O(gpufleet.proxmox.driver_bundle#module:version), which is the loaded module's -
+        O(gpufleet.proxmox.driver_bundle#module:dest) (required), O(gpufleet.proxmox.driver_bundle#module:lib_dirs)
+        (required), O(gpufleet.proxmox.driver_bundle#module:libs) (required),
+        O(gpufleet.proxmox.driver_bundle#module:bin_dirs) and O(gpufleet.proxmox.driver_bundle#module:bins) -
+        checked as that module checks them.
     type: dict
-    suboptions:
-      dest:
-        description: Where bundles go, one directory per version.
-        type: path
-        required: true
-      lib_dirs:
-        description: Where the node's driver libraries are.
-        type: list
-        elements: path
-        required: true
-      bin_dirs:
-        description: Where the node's driver programs are.
-        type: list
-        elements: path
-        default: [/usr/bin]
-      libs:
-        description: Library names to the soname to link (an empty soname links none).
-        type: dict
-        required: true
-      bins:
-        description: Program names.
-        type: list
-        elements: str
-        default: [nvidia-smi]
 '''
 
 EXAMPLES = r'''
@@ -135,6 +115,7 @@ ansible_facts:
 '''
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia
 
@@ -148,9 +129,14 @@ def main():
                                                   read_only=dict(type='bool', default=False))),
                                               shares_owner=dict(type='int'),
                                               shares_mode=dict(type='str', default='0755'),
-                                              bundle=dict(type='dict', options=_nvidia.BUNDLE_SPEC)),
+                                              bundle=dict(type='dict')),
                            supports_check_mode=True)
     p = module.params
+    if p['bundle'] is not None:
+        checked = ArgumentSpecValidator(_nvidia.BUNDLE_SPEC).validate(p['bundle'])
+        if checked.error_messages:
+            module.fail_json(msg='bundle: {0}'.format('; '.join(checked.error_messages)))
+        p['bundle'] = checked.validated_parameters
     facts = _nvidia.discover(p['dev_dir'], p['proc_root'], _nvidia.find_program('nvidia-smi', p['nvidia_smi']),
                              _nvidia.find_program('nvidia-persistenced'),
                              [{'path': share['path'], 'owner': None if share['read_only'] else p['shares_owner'],

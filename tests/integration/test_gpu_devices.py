@@ -167,3 +167,8 @@ def test_bundle_currency_is_discovered(play, lab, tmp_path):
                        'module 580.95.05'.format(tmp_path)]
     # without a bundle to look at, none is reported
     assert discover(play)['bundle'] is None
+    # a bundle option without where bundles go is refused naming the field
+    bad = play([{'gpufleet.proxmox.gpu_devices': {'proc_root': '{{ gpufleet_lab.proc_root }}',
+                                                  'bundle': {'lib_dirs': ['/x'], 'libs': {'libcuda': 'libcuda.so.1'}}},
+                 'ignore_errors': True}], hosts='pve1').task(0, 'pve1')
+    assert bad['failed'] and bad['msg'] == 'bundle: missing required arguments: dest'
