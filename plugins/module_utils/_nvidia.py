@@ -231,16 +231,17 @@ def _same_file(src, dest):
 
 
 def bundle_stale(path, wanted):
-    """What of wanted (bundle_files) the bundle at path lacks or holds otherwise: paths in the bundle."""
+    """What of wanted (bundle_files) the bundle at path lacks or holds otherwise, in the order to mend it:
+    [(path in the bundle, the source file to copy there, or None for a soname link to make, pointing at target)]."""
     stale = []
     for src, rel, soname in wanted:
         dest = os.path.join(path, rel)
         if not _same_file(src, dest):
-            stale.append(rel)
+            stale.append((rel, src, None))
         if soname:
             link = os.path.join(os.path.dirname(dest), soname)
             if not (os.path.islink(link) and os.readlink(link) == os.path.basename(dest)):
-                stale.append(os.path.join(os.path.dirname(rel), soname))
+                stale.append((os.path.join(os.path.dirname(rel), soname), None, os.path.basename(dest)))
     return stale
 
 
@@ -255,32 +256,27 @@ def bundle_findings(path, version, **files):
     if not stale:
         return []
     return [{'code': 'bundle_stale', 'path': path, 'fix': 'gather it again (driver_bundle)',
-             'msg': 'the driver bundle {0} lacks or holds another copy of {1}'.format(path, ', '.join(stale))}]
+             'msg': 'the driver bundle {0} lacks or holds another copy of {1}'.format(
+                 path, ', '.join(rel for rel, _src, _target in stale))}]
 
 
 def gather_bundle(path, wanted, check=False):
     """Copy into the bundle at path what it lacks or holds otherwise of wanted (bundle_files) and link the
-    sonames (in check mode only report). Copies keep their source's mtime. Returns whether anything changed."""
-    changed = False
-    for src, rel, soname in wanted:
+    sonames (bundle_stale; in check mode only report). Copies keep their source's mtime. Returns whether anything
+    changed."""
+    stale = bundle_stale(path, wanted)
+    for rel, src, target in [] if check else stale:
         dest = os.path.join(path, rel)
-        if not _same_file(src, dest):
-            changed = True
-            if not check:
-                st = os.stat(src)
-                os.makedirs(os.path.dirname(dest), mode=0o755, exist_ok=True)
-                shutil.copyfile(src, dest + '.tmp')
-                os.chmod(dest + '.tmp', 0o755)
-                os.utime(dest + '.tmp', ns=(st.st_atime_ns, st.st_mtime_ns))
-                os.rename(dest + '.tmp', dest)
-        if soname:
-            link = os.path.join(os.path.dirname(dest), soname)
-            if os.path.islink(link) and os.readlink(link) == os.path.basename(dest):
-                continue
-            changed = True
-            if not check:
-                replace_link(link, os.path.basename(dest))
-    return changed
+        if src is None:
+            replace_link(dest, target)
+            continue
+        st = os.stat(src)
+        os.makedirs(os.path.dirname(dest), mode=0o755, exist_ok=True)
+        shutil.copyfile(src, dest + '.tmp')
+        os.chmod(dest + '.tmp', 0o755)
+        os.utime(dest + '.tmp', ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.rename(dest + '.tmp', dest)
+    return bool(stale)
 
 
 def share_findings(shares):
