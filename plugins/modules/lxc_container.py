@@ -353,14 +353,17 @@ def main():
     p = module.params
     out = {}
     try:
+        # options given directly are checked before the login; a fleet needs the cluster's version first
+        specs = None if p['fleet'] is not None else _lxc.container_specs(p)
         client = _pve.PveClient(p)
-        if p['fleet'] is not None:
+        if specs is None:
             out['pve_version'] = client.version().get('version')
             out['passthrough'], out['specs'] = _fleet.plan(p['fleet'], out['pve_version'], client.is_root_password)
-            # raw lines go into a config before its container starts: a repair leaves them unstarted for them
+            # raw lines go into a config before its container starts: a repair leaves the containers unstarted,
+            # for the raw lines to be written first
             p['containers'] = [dict(spec, state='present') if out['passthrough'] == 'raw' and not module.check_mode
                                and spec.get('state') != 'absent' else spec for spec in out['specs']]
-        specs = _lxc.container_specs(p)
+            specs = _lxc.container_specs(p)
         results = _lxc.reconcile_all(client, specs, module.check_mode, p['lock_timeout'])
     except (_lxc.SpecError, _fleet.FleetError) as e:
         module.fail_json(msg=str(e), changed=False, **out)
