@@ -18,7 +18,7 @@ import re
 CONTROL_NODES = ('/dev/nvidiactl', '/dev/nvidia-uvm', '/dev/nvidia-uvm-tools', '/dev/nvidia-modeset')
 ENTRY_KEYS = ('vmid', 'hostname', 'node', 'gpus', 'cores', 'memory', 'swap', 'rootfs', 'net', 'template',
               'storage', 'unprivileged', 'features', 'tags', 'description', 'onboot', 'mounts', 'devices',
-              'state', 'venv_profile')
+              'state', 'venv_profile', 'nameserver', 'searchdomain')
 HOSTNAME = re.compile(r'^(?=.{1,63}$)[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?$')
 INT_KEYS = {'cores': 1, 'memory': 16, 'swap': 0}
 # devN arrived in pve-container 5.0.7, shipped with PVE 8.1.
@@ -100,6 +100,10 @@ def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, pas
         for key in ('unprivileged', 'onboot'):
             if key in entry and not isinstance(entry[key], bool):
                 out.append('{0}.{1}: must be true or false, got {2!r}'.format(where, key, entry[key]))
+        for key in ('nameserver', 'searchdomain'):
+            if key in entry and not (isinstance(entry[key], str) and entry[key].strip()):
+                out.append('{0}.{1}: must be a string (space-separated for several), got {2!r}'.format(
+                    where, key, entry[key]))
         net = entry.get('net')
         if net is not None and not isinstance(net, (str, dict)):
             out.append('{0}.net: must be a net0 property string or a dict of netN, got {1!r}'.format(where, net))
@@ -185,7 +189,7 @@ def specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None, shares=
         spec = dict((k, v) for k, v in defaults.items() if v is not None)
         node = entry['node']
         for key in ('vmid', 'hostname', 'node', 'cores', 'memory', 'swap', 'unprivileged', 'features', 'tags',
-                    'description', 'onboot', 'storage', 'state'):
+                    'description', 'onboot', 'storage', 'state', 'nameserver', 'searchdomain'):
             if entry.get(key) is not None:
                 spec[key] = entry[key]
         if entry.get('template'):

@@ -51,7 +51,8 @@ CONTROL = {'/dev/nvidiactl': 'ENXIO', '/dev/nvidia-uvm': 'ENXIO', '/dev/nvidia-u
 
 
 def test_two_containers_each_see_only_their_gpus(tmp_path, pve, control):
-    fleet = [entry(311, 'train-lo', [0, 1, 2, 3]), entry(312, 'train-hi', [4, 5, 6, 7])]
+    fleet = [entry(311, 'train-lo', [0, 1, 2, 3], nameserver='10.77.0.1', searchdomain='lab.example'),
+             entry(312, 'train-hi', [4, 5, 6, 7])]
     pve.made.extend([311, 312])
     first = site(tmp_path, fleet)
     assert first.rc == 0, first.stdout[-4000:]
@@ -61,6 +62,11 @@ def test_two_containers_each_see_only_their_gpus(tmp_path, pve, control):
         smi = subprocess.run(['pct', 'exec', str(vmid), '--', 'nvidia-smi'], capture_output=True, text=True)
         assert 'Driver Version: 580.95.05' in smi.stdout
     assert recap(first, 'train-lo')['failures'] == 0 and recap(first, 'train-hi')['failures'] == 0
+    # the fleet entry's DNS is the container's
+    config = pve.api.nodes('pve1').lxc(311).config.get()
+    assert (config['nameserver'], config['searchdomain']) == ('10.77.0.1', 'lab.example')
+    resolv = subprocess.run(['pct', 'exec', '311', '--', 'cat', '/etc/resolv.conf'], capture_output=True, text=True)
+    assert 'nameserver 10.77.0.1' in resolv.stdout
     control.clear_requests()
     second = site(tmp_path, fleet)
     assert second.rc == 0
@@ -120,6 +126,8 @@ BAD = [
     ('cores not a number', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'cores': 'many'}], '.cores: must be a whole number'),
     ('unprivileged not a bool', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'unprivileged': 'yes'}], '.unprivileged: must be true or false'),
     ('net without bridge', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'net': 'name=eth0,ip=dhcp'}], '.net:'),
+    ('nameserver not a string', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'nameserver': ['1.1.1.1']}],
+     'containers[0] (vmid 321).nameserver: must be a string'),
     ('entry not a dict', ['train-0'], "option 'gpu_container_fleet' is of type str"),
 ]
 

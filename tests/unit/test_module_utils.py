@@ -74,6 +74,9 @@ def test_fleet_specs_and_raw_lines():
     assert spec['mounts'] == {'mp0': 'local-zfs:8,mp=/data', 'mp254': '/x,mp=/x',
                               'mp255': '/var/cache/gpufleet/uv,mp=/var/cache/gpufleet/uv',
                               'mp253': '/srv/wh,mp=/opt/gpufleet/wheelhouse,ro=1'}
+    dns = dict(fleet[0], nameserver='10.0.0.53 10.0.1.53', searchdomain='cluster.example')
+    spec = _fleet.specs([dns], {'gpu01': [0, 1, 2]}, {}, 'devn')[0]
+    assert (spec['nameserver'], spec['searchdomain']) == ('10.0.0.53 10.0.1.53', 'cluster.example')
     raw = _fleet.raw(fleet, {'gpu01': [0, 1, 2]}, {'gpu01': {'nvidia-uvm': 509}})[200]
     assert 'lxc.cgroup2.devices.allow: c 195:2 rw' in raw and 'lxc.cgroup2.devices.allow: c 509:1 rw' in raw
     assert 'lxc.mount.entry: /dev/nvidia2 dev/nvidia2 none bind,optional,create=file' in raw
