@@ -119,11 +119,17 @@ def test_failed_build_keeps_the_active_venv_and_rollback(built, tmp_path):
     assert res['failed'] and 'the active venv is unchanged' in res['msg'] and 'hash' in res['msg'].lower()
     assert link() == before and torch_version() == '2.13.0+cpu'
 
-    # the same packages under another lock: a new venv beside (the node's cache is warm), then back
-    newer = venv_site(tmp_path, torch_venv_profile=profile(tmp_path, 'newer', lock + '# rebuilt\n'))
+    # the same packages under another lock: a new venv beside (the node's cache is warm), then back. This
+    # build runs with torch_venv_environment, here uv's setting to compile bytecode at install: a module that
+    # `import torch` never loads has its .pyc in the new venv and none in the old one.
+    newer = venv_site(tmp_path, torch_venv_profile=profile(tmp_path, 'newer', lock + '# rebuilt\n'),
+                      torch_venv_environment={'UV_COMPILE_BYTECODE': '1'})
     assert newer.rc == 0, newer.stdout[-3000:]
     (res,) = task(newer, 'venv-a', 'audit the active venv and repair it')
     assert res['built'] and res['previous'] == os.path.basename(before) and link() != before
+    pyc = 'lib/python3.11/site-packages/torch/utils/tensorboard/__pycache__/writer.cpython-311.pyc'
+    assert sh('test -f /root/venv/{0}'.format(pyc)).returncode == 0
+    assert sh('test -f /opt/gpufleet/venvs/{0}/{1}'.format(os.path.basename(before), pyc)).returncode != 0
     back = venv_site(tmp_path, torch_venv_rollback=True)
     assert back.rc == 0, back.stdout[-3000:]
     assert link() == before and torch_version() == '2.13.0+cpu'
