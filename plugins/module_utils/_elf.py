@@ -3,8 +3,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Just enough ELF to resolve shared libraries as the dynamic loader does (standard library only).
 
-`read(path)` gives an object's class, machine, soname, DT_NEEDED, DT_RPATH and DT_RUNPATH, reading
-only the headers and the dynamic section (a 1 GB libtorch costs a few reads).
+`read(path)` gives an object's class, machine, soname, DT_NEEDED, DT_RPATH and DT_RUNPATH, and whether it is
+a Python extension module, reading only the headers, the dynamic section and its strings (a 1 GB libtorch costs a
+few reads).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -21,11 +22,12 @@ SYSTEM_DIRS = ('/lib/x86_64-linux-gnu', '/usr/lib/x86_64-linux-gnu', '/lib64', '
 
 
 class ElfInfo(object):
-    __slots__ = ('path', 'bits', 'machine', 'soname', 'needed', 'rpath', 'runpath')
+    __slots__ = ('path', 'bits', 'machine', 'soname', 'needed', 'rpath', 'runpath', 'module')
 
-    def __init__(self, path, bits, machine, soname, needed, rpath, runpath):
+    def __init__(self, path, bits, machine, soname, needed, rpath, runpath, module=False):
         self.path, self.bits, self.machine = path, bits, machine
         self.soname, self.needed, self.rpath, self.runpath = soname, needed, rpath, runpath
+        self.module = module  # a Python extension module: Python can import it (and so loads what it needs)
 
 
 def read(path):
@@ -87,7 +89,10 @@ def read(path):
     soname = next((text(v) for t, v in entries if t == DT_SONAME), None)
     rpath = [p for t, v in entries if t == DT_RPATH for p in text(v).split(':') if p]
     runpath = [p for t, v in entries if t == DT_RUNPATH for p in text(v).split(':') if p]
-    return ElfInfo(path, bits, machine, soname, needed, rpath, runpath)
+    # Python imports NAME from NAME.so, NAME.abi3.so or NAME.cpython-*.so, through the symbol PyInit_NAME.
+    name = os.path.basename(path)
+    module = name.endswith('.so') and (b'PyInit_' + name.split('.', 1)[0].encode('utf-8') + b'\0') in strings
+    return ElfInfo(path, bits, machine, soname, needed, rpath, runpath, module)
 
 
 def expand(entry, origin):

@@ -95,6 +95,42 @@ def shared_objects(top):
     return found
 
 
+def closure(site, resolver, providers):
+    """The venv's shared objects resolved as the loader would: (unresolved, optional), each a list of
+    {soname, needed_by, provided_by}. A soname that a distribution provides (it is the venv's to have), or that an
+    object needs which Python loads when it imports an extension module (the DT_NEEDED closure of every extension
+    module), is unresolved: a finding. The rest are optional: system libraries that only objects loaded on demand
+    need (plugins a library opens with dlopen, such as NCCL's and NVSHMEM's network transports or cuFile's RDMA
+    support, which need their fabric's libraries only where that fabric is used)."""
+    infos = {}
+    for path in shared_objects(site):
+        info = _elf.read(path)
+        if info is not None:
+            infos[os.path.realpath(path)] = info
+    edges, missing = {}, {}
+    for real, info in infos.items():
+        found = edges[real] = []
+        for needed in info.needed:
+            where = resolver.find(needed, info)
+            if where is None:
+                missing.setdefault(needed, []).append(real)
+            else:
+                found.append(os.path.realpath(where))
+    loaded = set()
+    todo = [real for real, info in infos.items() if info.module]
+    while todo:
+        real = todo.pop()
+        if real not in loaded:
+            loaded.add(real)
+            todo.extend(edges.get(real, ()))
+    unresolved, optional = [], []
+    for soname, needers in sorted(missing.items()):
+        item = {'soname': soname, 'needed_by': sorted(os.path.relpath(infos[n].path, site) for n in needers),
+                'provided_by': sorted(providers.get(soname, ()))}
+        (unresolved if item['provided_by'] or loaded.intersection(needers) else optional).append(item)
+    return unresolved, optional
+
+
 def file_digest(path):
     h = hashlib.sha256()
     with open(path, 'rb') as fh:
@@ -204,17 +240,7 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
         for path, rel, digest, size in d['files']:
             if '.so' in path:
                 providers.setdefault(os.path.basename(path), set()).add(d['name'])
-    unresolved = {}
-    for path in shared_objects(site):
-        info = _elf.read(path)
-        if info is None:
-            continue
-        for needed in info.needed:
-            if resolver.find(needed, info) is None:
-                entry = unresolved.setdefault(needed, {'soname': needed, 'needed_by': [],
-                                                       'provided_by': sorted(providers.get(needed, ()))})
-                entry['needed_by'].append(os.path.relpath(path, site))
-    unresolved = [dict(v, needed_by=sorted(v['needed_by'])) for k, v in sorted(unresolved.items())]
+    unresolved, optional = closure(site, resolver, providers)
     # -- drift against the lock ----------------------------------------------------------
     drift = {'missing': [], 'extra': [], 'wrong_version': []}
     locked = read_lock(lock) if lock else {}
@@ -235,7 +261,7 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
     return {'healthy': healthy, 'site_packages': site, 'distributions': len(dists),
             'findings': {'broken_distributions': broken, 'collisions': collisions,
                          'unresolved_libraries': unresolved, 'drift': drift},
-            'overrides': declared, 'plan': plan}
+            'overrides': declared, 'optional_libraries': optional, 'plan': plan}
 
 
 def repair_plan(venv, dists, broken, drift, locked, owners, installer, install_args, overrides, uv):

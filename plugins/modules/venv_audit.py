@@ -16,6 +16,11 @@ description:
     O(mode=full)), files claimed by more than one distribution and whose bytes are on disk, the ELF closure
     of every shared object (each DT_NEEDED resolved as the loader would, through DT_RPATH/DT_RUNPATH with
     C($ORIGIN), the venv's C(nvidia/*/lib), then the system's directories), and drift against a lock.
+  - A library that is not found is a finding when a distribution provides it (the venv should have it) or when
+    Python loads what needs it on an import (the DT_NEEDED closure of every extension module). A system library
+    that only a plugin needs (an object no extension module needs, which its library opens with dlopen, such as
+    NVSHMEM's and NCCL's network transports or cuFile's RDMA support) is reported in RV(optional_libraries)
+    instead: it matters only where that plugin is used.
   - Returns a plan, the exact commands (argv lists) that repair all of it in a safe order; a removal that
     would delete files another distribution needs comes with the reinstall that restores them.
   - Changes nothing. Uses only the Python standard library, so it runs with the target's system Python.
@@ -88,6 +93,13 @@ findings:
   type: dict
 overrides:
   description: Collisions that a declared override explains.
+  returned: always
+  type: list
+  elements: dict
+optional_libraries:
+  description:
+    - System libraries that are not found and that only plugins need (soname, needed_by, provided_by), for
+      example C(libfabric.so.1) for NVSHMEM's libfabric transport. Not findings.
   returned: always
   type: list
   elements: dict

@@ -16,7 +16,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU = os.path.join(ROOT, 'roles', 'torch_venv', 'files', 'profiles', 'cpu')
 # The wheels build_wheels makes, by file name prefix.
-FAKES = ('fake_rt_cu12', 'fake_rt_cu13', 'fake_torch', 'fake_contaminant', 'fake_extra')
+FAKES = ('fake_rt_cu12', 'fake_rt_cu13', 'fake_torch', 'fake_contaminant', 'fake_extra', 'fake_plugins')
 
 LIBS = ('libfakea.so.1', 'libfakeb.so.1', 'libfakec.so.1')
 LIBDIR = 'nvidia/fakert/lib'
@@ -74,9 +74,29 @@ def build_wheels(d, build):
             b'_C.probe.restype = ctypes.c_char_p\nFLAVOUR = _C.probe().decode()\n')
     wheel(d, 'fake-torch', '1.0', {'fake_torch/__init__.py': init, 'fake_torch/_C.so': ext})
     wheel(d, 'fake-extra', '1.0', {'fake_extra/__init__.py': b''})
+    plugins(d, build)
     wheel(d, 'fake-contaminant', '2.0', {'{0}/libfakea.so.1'.format(LIBDIR): flavours['cu12'][LIBDIR + '/libfakea.so.1'] + b'\0junk',
                                          'fake_contaminant/__init__.py': b''})
     return d
+
+
+def plugins(d, build):
+    """fake-plugins: system libraries no wheel ships, needed by an extension module (through a library of its
+    own) and by a plugin that only a dlopen would load, as NVSHMEM's fabric transports need libfabric."""
+    sysfab, sysreq = (os.path.join(build, n) for n in ('libfakefabric.so.1', 'libfakesys.so.1'))
+    gcc(sysfab, 'int fabric(void) { return 1; }\n', '-Wl,-soname,libfakefabric.so.1')
+    gcc(sysreq, 'int sysreq(void) { return 2; }\n', '-Wl,-soname,libfakesys.so.1')
+    helper = os.path.join(build, 'libfakehelper.so.1')
+    gcc(helper, 'extern int sysreq(void);\nint helper(void) { return sysreq(); }\n', sysreq,
+        '-Wl,-soname,libfakehelper.so.1')
+    native = gcc(os.path.join(build, '_native.so'), 'extern int helper(void);\nvoid *PyInit__native(void) '
+                 '{ helper(); return 0; }\n', helper, "-Wl,-rpath,$ORIGIN")
+    transport = gcc(os.path.join(build, 'transport_fabric.so.3'), 'extern int fabric(void);\n'
+                    'int transport(void) { return fabric(); }\n', sysfab)
+    with open(helper, 'rb') as fh:
+        wheel(d, 'fake-plugins', '1.0', {'fake_plugins/__init__.py': b'', 'fake_plugins/_native.so': native,
+                                         'fake_plugins/libfakehelper.so.1': fh.read(),
+                                         'fake_plugins/transport_fabric.so.3': transport})
 
 
 def sha256(path):

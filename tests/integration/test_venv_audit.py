@@ -101,3 +101,18 @@ def test_drift_against_a_lock_and_a_contaminant_removed_without_breaking_the_imp
 def test_fail_on_findings_and_not_a_venv(play, tmp_path):
     r = play([{'gpufleet.proxmox.venv_audit': {'venv': str(tmp_path)}, 'ignore_errors': True}]).task(0)
     assert r.get('failed') and 'is not a venv' in r['msg']
+
+
+def test_system_libraries_only_plugins_need_are_optional(play, tmp_path, wheels):
+    """A system library that no wheel ships is a finding where an extension module needs it (here through a
+    library of its own, as torch/_C needs libtorch); where only a plugin needs it (a library that nothing
+    imports and no extension module needs: a dlopen loads it), it is reported as optional, as a real CUDA
+    torch's NVSHMEM transports need libfabric, UCX and the rest only on clusters with that fabric."""
+    venv = make_venv(tmp_path, wheels, ('install', 'fake-plugins'))
+    res = audit(play, venv)
+    assert not res['healthy']
+    assert res['findings']['unresolved_libraries'] == [
+        {'soname': 'libfakesys.so.1', 'needed_by': ['fake_plugins/libfakehelper.so.1'], 'provided_by': [],
+         'in_lock': []}]
+    assert res['optional_libraries'] == [
+        {'soname': 'libfakefabric.so.1', 'needed_by': ['fake_plugins/transport_fabric.so.3'], 'provided_by': []}]
