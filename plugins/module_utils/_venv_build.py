@@ -180,13 +180,37 @@ def ensure_uv(uv, python, version, find_links=None, check=False):
     return True
 
 
+def mount_of(path):
+    """The mount point that holds path (its nearest existing ancestor), from /proc/self/mountinfo."""
+    path = os.path.realpath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    best = '/'
+    with io.open('/proc/self/mountinfo', encoding='utf-8', errors='replace') as fh:
+        for line in fh:
+            point = re.sub(r'\\([0-7]{3})', lambda m: chr(int(m.group(1), 8)), line.split()[4])
+            if (path == point or path.startswith(point.rstrip('/') + '/')) and len(point) >= len(best):
+                best = point
+    return best
+
+
+def check_same_mount(root, cache_dir):
+    """Hard links cannot cross mounts (a bind mount of the same filesystem included); uv would copy instead."""
+    if not cache_dir:
+        raise ValueError('link_mode: hardlink needs cache_dir (the uv cache the venvs link to)')
+    if mount_of(root) != mount_of(cache_dir):
+        raise ValueError('link_mode: hardlink needs root ({0}, on the mount {1}) on the same mount as cache_dir '
+                         '({2}, on {3}): hard links cannot cross mounts'.format(root, mount_of(root), cache_dir,
+                                                                                mount_of(cache_dir)))
+
+
 def tail(text, lines=20):
     return '\n'.join((text or '').strip().splitlines()[-lines:])
 
 
-def uv_env(cache_dir=None):
+def uv_env(cache_dir=None, link_mode='copy'):
     """The environment every uv command of a build or a repair runs with."""
-    env = dict(os.environ, UV_LINK_MODE='copy', UV_PYTHON_DOWNLOADS='never', UV_NO_PROGRESS='1')
+    env = dict(os.environ, UV_LINK_MODE=link_mode, UV_PYTHON_DOWNLOADS='never', UV_NO_PROGRESS='1')
     if cache_dir:
         env['UV_CACHE_DIR'] = cache_dir
     return env
@@ -263,7 +287,7 @@ def summary(findings):
 def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=(), install_args=(),
            cache_dir=None, keep=2, imports=('torch',), rollback=False, check=False, timeout=3600,
            python_version_wanted=None, meta=None, lock_text=None, uv_version=None, uv_find_links=None,
-           audit=False, repair=False):
+           audit=False, repair=False, link_mode='copy'):
     """Make the lock's venv active at link (building it when it does not exist yet), or roll back.
     With lock_text, that is the lock, and it is written to lock_path once its venv is active (so the lock on
     the target always describes the active venv). With uv_version, uv is installed first where it is missing.
@@ -271,8 +295,12 @@ def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=
     (when the lock's venv is the active one, or would be without check mode); with repair too, an audit with
     findings is acted on: its plan applied, the venv audited and imported again (repaired, repair_audit; in check
     mode only changed). Returns the result dict; raises ValueError for bad input (nothing changed), BuildError for a
-    failed build (the active venv and the lock file untouched) and RepairError for a failed repair."""
-    result, built_report = deploy_venv(root, link, lock_path, python, uv, overrides, install_args, cache_dir, keep,
+    failed build (the active venv and the lock file untouched) and RepairError for a failed repair.
+    link_mode is uv's: copy, or hardlink from the uv cache (root and cache_dir on one mount)."""
+    env = uv_env(cache_dir, link_mode)
+    if link_mode == 'hardlink':
+        check_same_mount(root, cache_dir)
+    result, built_report = deploy_venv(root, link, lock_path, python, uv, overrides, install_args, env, keep,
                                        imports, rollback, check, timeout, python_version_wanted, meta, lock_text,
                                        uv_version, uv_find_links)
     if audit and not (check and (result['built'] or result['switched'])):
@@ -286,11 +314,11 @@ def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=
             result.update(changed=True, repaired=not check)
             if not check:
                 result['repair_audit'] = mend(link, lock, result['audit']['plan'], overrides, install_args, uv,
-                                              list(imports), uv_env(cache_dir), timeout)
+                                              list(imports), env, timeout)
     return result
 
 
-def deploy_venv(root, link, lock_path, python, uv, overrides, install_args, cache_dir, keep, imports, rollback,
+def deploy_venv(root, link, lock_path, python, uv, overrides, install_args, env, keep, imports, rollback,
                 check, timeout, python_version_wanted, meta, lock_text, uv_version, uv_find_links):
     check_link(link)
     given = lock_text is not None and not rollback
@@ -338,7 +366,6 @@ def deploy_venv(root, link, lock_path, python, uv, overrides, install_args, cach
     with io.open(os.path.join(root, '.lock'), 'w') as lock_fh:
         fcntl.flock(lock_fh, fcntl.LOCK_EX)
         if need_build:
-            env = uv_env(cache_dir)
             if os.path.exists(target):
                 shutil.rmtree(target)  # an unfinished build of an earlier run
             timings, report = build(target, lock_text, overrides, python, uv, install_args, env,

@@ -105,6 +105,16 @@ options:
   cache_dir:
     description: The uv cache (the node's, bound into its containers, so each package is fetched once a node).
     type: path
+  link_mode:
+    description:
+      - How uv puts a package's files from its cache into a venv.
+      - V(copy) gives each venv its own files.
+      - V(hardlink) links them to the cache's, so a venv built from a warm cache costs no copy and no disk.
+        The venvs and the cache then share their files (an in-place edit of one is an edit of all), and
+        O(root) must be on the same mount as O(cache_dir), or the module fails before anything changes.
+    type: str
+    choices: [copy, hardlink]
+    default: copy
   imports:
     description: Modules the new venv's Python must import before it is made active.
     type: list
@@ -223,7 +233,7 @@ def main():
         rollback=dict(type='bool', default=False), timeout=dict(type='int', default=3600),
         python_version=dict(type='str'), meta=dict(type='dict', default={}), lock_content=dict(type='str'),
         uv_version=dict(type='str'), uv_find_links=dict(type='path'), audit=dict(type='bool', default=False),
-        repair=dict(type='bool', default=False)),
+        repair=dict(type='bool', default=False), link_mode=dict(type='str', default='copy', choices=['copy', 'hardlink'])),
         required_if=[('rollback', False, ('lock',))], supports_check_mode=True)
     p = module.params
     try:
@@ -231,7 +241,7 @@ def main():
                                     p['install_args'], p['cache_dir'], p['keep'], p['imports'], p['rollback'],
                                     module.check_mode, p['timeout'], p['python_version'],
                                     p['meta'], p['lock_content'], p['uv_version'], p['uv_find_links'],
-                                    p['audit'], p['repair'])
+                                    p['audit'], p['repair'], p['link_mode'])
     except _venv_build.RepairError as e:
         module.fail_json(msg='venv_build: the repair of {0} failed: {1}'.format(p['link'], e), **e.details)
     except _venv_build.BuildError as e:
