@@ -1,17 +1,27 @@
-"""Benchmark the venv stage on the lab, with the real CPU torch of the node's wheelhouse.
+"""Benchmark the venv stage on the lab.
 
-    python bench/venv_bench.py
+    python bench/venv_bench.py                  # the cpu profile, offline from the node's wheelhouse
+    python bench/venv_bench.py --profile cu130  # the cu130 profile (a real CUDA torch), from PyPI
+    ... --link-mode hardlink                    # venvs hard-linked to the node's uv cache (one store a node)
 
 (a) The first and the second container's venv build on one node, through site.yml (the torch_venv role):
     the first fills the node's uv cache (emptied beforehand), the second reuses it. Goal: second <= 20% of first.
-(b) In one container, the same lock into a fresh venv by `pip install -r` (with and without its .pyc
+    With the cpu profile the first build downloads nothing (the lab's wheelhouse is on the node), so the cache
+    saves only unpacking; with cu130 the first build downloads the whole stack (about 3 GB) through the lab's NAT,
+    as a node's first container does on a real cluster.
+(b) cpu only: in one container, the same lock into a fresh venv by `pip install -r` (with and without its .pyc
     compilation, which uv does not do) and by `uv pip install -r` (both --require-hashes, offline from the
     node's wheelhouse; uv with an empty cache and with the node's).
     Goal: uv <= 33% of pip.
 (c) In that container, venv_audit's audit (the module's code, fast and full mode) on the torch venv, against
-    `python -c "import torch"` there. Goal: fast <= 2x the import.
-Each in-container figure is the median of 3. Results print as a table and go to bench/results/venv.json.
+    `python -c "import torch"` there. Goal: fast <= 2x the import. With cu130 the audit's findings on the
+    real CUDA stack are recorded too.
+Each in-container figure is the median of 3. Results print as a table and go to bench/results/venv.json
+(venv-cu130.json for cu130).
 """
+
+import argparse
+import glob
 
 import json
 import os
@@ -33,22 +43,53 @@ import figures as figures_file  # noqa: E402
 
 VMIDS = (341, 342)
 SITE = os.path.join(ROOT, 'playbooks', 'site.yml')
-LOCK = '/opt/gpufleet/profiles/cpu/requirements.lock'
+LOCKS = '/opt/gpufleet/profiles/{0}/requirements.lock'
 UV = '/opt/gpufleet/uv/0.13.9/bin/uv'
 WHEELS = '/opt/gpufleet/wheelhouse'
+CA_BUNDLE = os.environ.get('SSL_CERT_FILE') or '/etc/ssl/certs/ca-certificates.crt'
+CA_DIR = '/opt/bench-ca'
 
 
-def entry(vmid):
-    return {'vmid': vmid, 'hostname': 'bench-{0}'.format(vmid), 'node': 'pve1', 'gpus': [], 'cores': 2,
-            'memory': 2048, 'net': 'name=eth0,bridge=vmbr0,ip=10.77.0.{0}/24,gw=10.77.0.1'.format(vmid % 200 + 2)}
+def entry(vmid, profile):
+    ct = {'vmid': vmid, 'hostname': 'bench-{0}'.format(vmid), 'node': 'pve1', 'gpus': [], 'cores': 2,
+          'memory': 2048, 'net': 'name=eth0,bridge=vmbr0,ip=10.77.0.{0}/24,gw=10.77.0.1'.format(vmid % 200 + 2),
+          'venv_profile': profile}
+    if profile != 'cpu':
+        ct['nameserver'] = ' '.join(nameservers())  # the machine's own, reached through the lab's NAT
+        # The machine's CA bundle, for a network whose gateway inspects TLS (see site()).
+        ct['mounts'] = {'mp0': '{0},mp={1},ro=1'.format(os.path.dirname(CA_BUNDLE), CA_DIR)}
+    return ct
 
 
-def site(tmp, fleet):
+def nameservers():
+    with open('/etc/resolv.conf') as fh:
+        return [line.split()[1] for line in fh if line.startswith('nameserver ')]
+
+
+# With hard links: one bind mount a node holds the uv cache and the venvs (docs/venv.md).
+STORE = {'gpu_node_shares': [{'path': '{{ gpufleet_lab_dir }}/node/var/lib/gpufleet/store', 'mp': '/var/lib/gpufleet/store'},
+                             {'path': '{{ gpufleet_lab_dir }}/wheelhouse', 'mp': WHEELS, 'read_only': True}],
+         'torch_venv_uv_cache': '/var/lib/gpufleet/store/uv',
+         'torch_venv_root': '/var/lib/gpufleet/store/venvs/{{ inventory_hostname }}',
+         'torch_venv_link_mode': 'hardlink'}
+
+
+def site(tmp, fleet, link_mode):
     path = os.path.join(tmp, 'vars-{0}.json'.format(len(fleet)))
+    online = fleet[0]['venv_profile'] != 'cpu'
+    # Any profile but the lab's cpu one installs from its indexes, not the node's wheelhouse alone, with the
+    # machine's CA bundle (uv reads SSL_CERT_FILE; the pip that installs uv, PIP_CERT).
+    ca = os.path.join(CA_DIR, os.path.basename(CA_BUNDLE))
+    extra = {'gpufleet_containers': fleet, 'torch_venv_offline': not online,
+             'torch_venv_environment': {'SSL_CERT_FILE': ca, 'PIP_CERT': ca} if online else {}}
+    if link_mode == 'hardlink':
+        extra.update(STORE)
     with open(path, 'w') as fh:
-        json.dump({'gpufleet_containers': fleet}, fh)
+        json.dump(extra, fh)
     r = run_playbook(open(SITE).read(), _Tmp(tmp), '-e', '@' + path)
-    assert r.rc == 0, r.stdout[-3000:]
+    failed = ['{0} on {1}: {2}'.format(t['name'], host, res.get('msg'))
+              for p in r.data['plays'] for t in p['tasks'] for host, res in t['hosts'].items() if res.get('failed')]
+    assert r.rc == 0, '\n'.join(failed) or r.stdout[-3000:]
     return r
 
 
@@ -64,10 +105,10 @@ class _Tmp(str):
         return pathlib.Path(self).glob(pattern)
 
 
-def build_time(result, host):
-    (res,) = [t for t in result.tasks(host) if t['task'].endswith('switch to it')]
+def build_timings(result, host):
+    (res,) = [t for t in result.tasks(host) if 'switch to it' in t['task']]
     assert res['built'], res
-    return res['timings']['install_s']
+    return res['timings']
 
 
 def sh(vmid, cmd):
@@ -108,6 +149,12 @@ def push_collection(vmid):
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--profile', default='cpu', choices=('cpu', 'cu130'))
+    parser.add_argument('--link-mode', default='copy', choices=('copy', 'hardlink'))
+    args = parser.parse_args()
+    profile, link_mode = args.profile, args.link_mode
+    lock = LOCKS.format(profile)
     lab = Lab()
     manager.up(say=lambda m: None)
     with open(os.path.join(lab.root, 'credentials.json')) as fh:
@@ -117,48 +164,72 @@ def main():
     pve.cleanup()
     pve.made.extend(VMIDS)
     cache = os.path.join(lab.root, 'node', 'var', 'cache', 'gpufleet', 'uv')
+    store = os.path.join(lab.root, 'node', 'var', 'lib', 'gpufleet', 'store')
+    if link_mode == 'hardlink':
+        cache = os.path.join(store, 'uv')
     shutil.rmtree(cache, ignore_errors=True)
+    shutil.rmtree(store, ignore_errors=True)
     tmp = tempfile.mkdtemp(prefix='venv-bench-')
-    figures = {}
+    figures = {'profile': profile, 'link_mode': link_mode}
     try:
         started = time.monotonic()
-        first = site(tmp, [entry(VMIDS[0])])
+        first = site(tmp, [entry(VMIDS[0], profile)], link_mode)
         figures['site_first_container_s'] = round(time.monotonic() - started, 1)
+        figures['a_node_cache_mb'] = int(subprocess.run(['du', '-sm', cache], capture_output=True, text=True,
+                                                        check=True).stdout.split()[0])
         started = time.monotonic()
-        second = site(tmp, [entry(v) for v in VMIDS])
+        second = site(tmp, [entry(v, profile) for v in VMIDS], link_mode)
         figures['site_second_container_s'] = round(time.monotonic() - started, 1)
-        figures['a_first_build_s'] = build_time(first, 'bench-{0}'.format(VMIDS[0]))
-        figures['a_second_build_s'] = build_time(second, 'bench-{0}'.format(VMIDS[1]))
+        figures['a_node_disk_mb'] = int(subprocess.run(['du', '-smc', cache] + glob.glob(os.path.join(
+            lab.root, 'lxc', '*')) + [store], capture_output=True, text=True).stdout.split()[-2])
+        figures['a_first_timings'] = build_timings(first, 'bench-{0}'.format(VMIDS[0]))
+        figures['a_second_timings'] = build_timings(second, 'bench-{0}'.format(VMIDS[1]))
+        # The install is what the node's cache is for; the audit and the import check cost the same either way.
+        figures['a_first_build_s'] = figures['a_first_timings']['install_s']
+        figures['a_second_build_s'] = figures['a_second_timings']['install_s']
         figures['a_ratio'] = round(figures['a_second_build_s'] / figures['a_first_build_s'], 3)
 
         ct = VMIDS[1]
-        fresh = 'rm -rf /tmp/b /tmp/uvc && /usr/bin/python3 -m venv /tmp/b'
-        figures['b_pip_s'] = timed_in(ct, '/tmp/b/bin/pip install -q --disable-pip-version-check --no-deps '
-                                          '--require-hashes --no-index --find-links {0} -r {1}'.format(WHEELS, LOCK),
-                                      fresh)
-        figures['b_pip_no_compile_s'] = timed_in(ct, '/tmp/b/bin/pip install -q --disable-pip-version-check '
-                                                     '--no-compile --no-deps --require-hashes --no-index --find-links '
-                                                     '{0} -r {1}'.format(WHEELS, LOCK), fresh)
-        uv = ('UV_LINK_MODE=copy {0} pip install -q --python /tmp/b/bin/python --no-deps --require-hashes --offline '
-              '--no-index --find-links {1} -r {2}'.format(UV, WHEELS, LOCK))
-        figures['b_uv_cold_cache_s'] = timed_in(ct, 'UV_CACHE_DIR=/tmp/uvc ' + uv, fresh)
-        figures['b_uv_node_cache_s'] = timed_in(ct, 'UV_CACHE_DIR=/var/cache/gpufleet/uv ' + uv, fresh)
-        figures['b_ratio_cold'] = round(figures['b_uv_cold_cache_s'] / figures['b_pip_s'], 3)
-        figures['b_ratio_node_cache'] = round(figures['b_uv_node_cache_s'] / figures['b_pip_s'], 3)
+        if profile == 'cpu' and link_mode == 'copy':  # (b) is the same whatever the layout
+            fresh = 'rm -rf /tmp/b /tmp/uvc && /usr/bin/python3 -m venv /tmp/b'
+            figures['b_pip_s'] = timed_in(ct, '/tmp/b/bin/pip install -q --disable-pip-version-check --no-deps '
+                                              '--require-hashes --no-index --find-links {0} -r {1}'.format(WHEELS, lock),
+                                          fresh)
+            figures['b_pip_no_compile_s'] = timed_in(ct, '/tmp/b/bin/pip install -q --disable-pip-version-check '
+                                                         '--no-compile --no-deps --require-hashes --no-index '
+                                                         '--find-links {0} -r {1}'.format(WHEELS, lock), fresh)
+            uv = ('UV_LINK_MODE=copy {0} pip install -q --python /tmp/b/bin/python --no-deps --require-hashes '
+                  '--offline --no-index --find-links {1} -r {2}'.format(UV, WHEELS, lock))
+            figures['b_uv_cold_cache_s'] = timed_in(ct, 'UV_CACHE_DIR=/tmp/uvc ' + uv, fresh)
+            figures['b_uv_node_cache_s'] = timed_in(ct, 'UV_CACHE_DIR=/var/cache/gpufleet/uv ' + uv, fresh)
+            figures['b_ratio_cold'] = round(figures['b_uv_cold_cache_s'] / figures['b_pip_s'], 3)
+            figures['b_ratio_node_cache'] = round(figures['b_uv_node_cache_s'] / figures['b_pip_s'], 3)
+            sh(ct, 'rm -rf /tmp/b /tmp/uvc')
 
         push_collection(ct)
-        audit = ('cd /tmp/gp && /usr/bin/python3 -c "from ansible_collections.gpufleet.proxmox.plugins.module_utils '
-                 'import _venv; r = _venv.audit(\'/root/venv\', \'{0}\', \'{{0}}\'); assert r[\'healthy\'], r"'.format(LOCK))
+        audit = ('cd /tmp/gp && /usr/bin/python3 -c "import json; from ansible_collections.gpufleet.proxmox.plugins.'
+                 'module_utils import _venv; r = _venv.audit(\'/root/venv\', \'{0}\', \'{{0}}\'); '
+                 'print(json.dumps(r)); assert r[\'healthy\'], r"'.format(lock))
         figures['c_import_torch_s'] = timed_in(ct, '/root/venv/bin/python -c "import torch"')
         figures['c_audit_fast_s'] = timed_in(ct, audit.format('fast'))
         figures['c_audit_full_s'] = timed_in(ct, audit.format('full'))
         figures['c_ratio_fast'] = round(figures['c_audit_fast_s'] / figures['c_import_torch_s'], 3)
+        report = json.loads(sh(ct, audit.format('full')))
+        figures['c_audit_healthy'] = report['healthy']
+        figures['c_audit_findings'] = {kind: len(items) if isinstance(items, list) else sum(map(len, items.values()))
+                                       for kind, items in report['findings'].items()}
+        figures['c_distributions'] = report['distributions']
+        figures['c_optional_libraries'] = {o['soname']: o['needed_by'] for o in report['optional_libraries']}
+        figures['c_torch'] = sh(ct, '/root/venv/bin/python -c "import torch; '
+                                    'print(torch.__version__, torch.version.cuda, torch.cuda.is_available())"').strip()
         figures['venv_files'] = int(sh(ct, 'find /root/venv/ -type f | wc -l').strip())
         figures['venv_mb'] = int(sh(ct, 'du -sm /root/venv/ | cut -f1').strip())
     finally:
         pve.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
-    figures_file.save('venv', figures)
+        shutil.rmtree(store, ignore_errors=True)
+    figures_file.save('-'.join(['venv'] + ([profile] if profile != 'cpu' else []) +
+                               ([link_mode] if link_mode != 'copy' else [])), figures)
 
 
 if __name__ == '__main__':
