@@ -101,7 +101,8 @@ def closure(site, resolver, providers):
     object needs which Python loads when it imports an extension module (the DT_NEEDED closure of every extension
     module), is unresolved: a finding. The rest are optional: system libraries that only objects loaded on demand
     need (plugins a library opens with dlopen, such as NCCL's and NVSHMEM's network transports or cuFile's RDMA
-    support, which need their fabric's libraries only where that fabric is used)."""
+    support, which need their fabric's libraries only where that fabric is used). A library that Python code opens
+    itself (ctypes) counts as one loaded on demand."""
     infos = {}
     for path in shared_objects(site):
         info = _elf.read(path)

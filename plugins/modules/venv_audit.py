@@ -20,7 +20,8 @@ description:
     Python loads what needs it on an import (the DT_NEEDED closure of every extension module). A system library
     that only a plugin needs (an object no extension module needs, which its library opens with dlopen, such as
     NVSHMEM's and NCCL's network transports or cuFile's RDMA support) is reported in RV(optional_libraries)
-    instead, since it matters only where that plugin is used.
+    instead, since it matters only where that plugin is used. A library that Python code opens itself (with
+    ctypes) counts as one loaded on demand; the import check of a build is what proves those.
   - Returns a plan, the exact commands (argv lists) that repair all of it in a safe order; a removal that
     would delete files another distribution needs comes with the reinstall that restores them.
   - Changes nothing. Uses only the Python standard library, so it runs with the target's system Python.

@@ -8,6 +8,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sysconfig
 import tempfile
 import zipfile
 
@@ -19,6 +20,16 @@ CPU = os.path.join(ROOT, 'roles', 'torch_venv', 'files', 'profiles', 'cpu')
 FAKES = ('fake_rt_cu12', 'fake_rt_cu13', 'fake_torch', 'fake_contaminant', 'fake_extra', 'fake_plugins')
 
 LIBS = ('libfakea.so.1', 'libfakeb.so.1', 'libfakec.so.1')
+EXTENSION = """#define Py_LIMITED_API 0x030B0000
+#include <Python.h>
+extern const char *flavour_a(void);
+extern const char *flavour_b(void);
+extern const char *flavour_c(void);
+static PyObject *probe(PyObject *self, PyObject *unused) { flavour_b(); flavour_c(); return PyUnicode_FromString(flavour_a()); }
+static PyMethodDef methods[] = {{"probe", probe, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", NULL, -1, methods};
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&module); }
+"""
 LIBDIR = 'nvidia/fakert/lib'
 
 
@@ -67,11 +78,12 @@ def build_wheels(d, build):
     libs = [os.path.join(build, 'cu12' + lib) for lib in LIBS]
     for lib, path in zip(LIBS, libs):
         os.rename(path, os.path.join(build, lib))
-    ext = gcc(os.path.join(build, '_C.so'), 'extern const char *flavour_a(void);\nextern const char *flavour_b(void);\n'
-              'extern const char *flavour_c(void);\nconst char *probe(void) { flavour_b(); flavour_c(); return flavour_a(); }\n',
-              *([os.path.join(build, lib) for lib in LIBS] + ['-Wl,--disable-new-dtags', "-Wl,-rpath,$ORIGIN/../" + LIBDIR]))
-    init = (b'import ctypes, os\n_C = ctypes.CDLL(os.path.join(os.path.dirname(__file__), "_C.so"))\n'
-            b'_C.probe.restype = ctypes.c_char_p\nFLAVOUR = _C.probe().decode()\n')
+    # fake_torch._C is a Python extension module (the stable ABI, so any CPython 3.11+ imports it), as torch._C is:
+    # importing it loads the three libraries, found through its RPATH.
+    ext = gcc(os.path.join(build, '_C.so'), EXTENSION,
+              *([os.path.join(build, lib) for lib in LIBS] + ['-I' + sysconfig.get_paths()['include'],
+                                                              '-Wl,--disable-new-dtags', "-Wl,-rpath,$ORIGIN/../" + LIBDIR]))
+    init = b'from fake_torch._C import probe\nFLAVOUR = probe()\n'
     wheel(d, 'fake-torch', '1.0', {'fake_torch/__init__.py': init, 'fake_torch/_C.so': ext})
     wheel(d, 'fake-extra', '1.0', {'fake_extra/__init__.py': b''})
     plugins(d, build)
