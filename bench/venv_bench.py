@@ -11,7 +11,7 @@
     as a node's first container does on a real cluster.
 (b) cpu only: in one container, the same lock into a fresh venv by `pip install -r` (with and without its .pyc
     compilation, which uv does not do) and by `uv pip install -r` (both --require-hashes, offline from the
-    node's wheelhouse; uv with an empty cache and with the node's).
+    node's wheelhouse; uv with an empty cache and with the node's), the four in turn, three rounds.
     Goal: uv <= 33% of pip.
 (c) In that container, venv_audit's audit (the module's code, fast and full mode) on the torch venv, against
     `python -c "import torch"` there. Goal: fast <= 2x the import. With cu130 the audit's findings on the
@@ -124,14 +124,25 @@ TIMER = ('import subprocess, sys, time\nt = time.monotonic()\n'
 
 def timed_in(vmid, cmd, setup='true', runs=3):
     """Median seconds of cmd in the container (setup runs before each, untimed)."""
-    times = []
-    for _ in range(runs):
-        sh(vmid, setup)
-        out = subprocess.run(['pct', 'exec', str(vmid), '--', '/usr/bin/python3', '-c', TIMER, cmd],
-                             capture_output=True, text=True)
-        assert out.returncode == 0, (cmd, out.stdout[-2000:], out.stderr[-2000:])
-        times.append(float(out.stdout.strip()))
-    return round(statistics.median(times), 2)
+    return round(statistics.median(once_in(vmid, cmd, setup) for _ in range(runs)), 2)
+
+
+def once_in(vmid, cmd, setup='true'):
+    sh(vmid, setup)
+    out = subprocess.run(['pct', 'exec', str(vmid), '--', '/usr/bin/python3', '-c', TIMER, cmd],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, (cmd, out.stdout[-2000:], out.stderr[-2000:])
+    return float(out.stdout.strip())
+
+
+def interleaved_in(vmid, cmds, setup, rounds=3):
+    """{name: median seconds} of each command, run in turn round after round: in a lab container the same write
+    gets slower from run to run (its page cache fills), so each command sees the same conditions."""
+    times = dict((name, []) for name in cmds)
+    for _ in range(rounds):
+        for name, cmd in cmds.items():
+            times[name].append(once_in(vmid, cmd, setup))
+    return dict((name, round(statistics.median(t), 2)) for name, t in times.items())
 
 
 def push_collection(vmid):
@@ -191,17 +202,15 @@ def main():
 
         ct = VMIDS[1]
         if profile == 'cpu' and link_mode == 'copy':  # (b) is the same whatever the layout
-            fresh = 'rm -rf /tmp/b /tmp/uvc && /usr/bin/python3 -m venv /tmp/b && sync'  # no writeback left to slow the next
-            figures['b_pip_s'] = timed_in(ct, '/tmp/b/bin/pip install -q --disable-pip-version-check --no-deps '
-                                              '--require-hashes --no-index --find-links {0} -r {1}'.format(WHEELS, lock),
-                                          fresh)
-            figures['b_pip_no_compile_s'] = timed_in(ct, '/tmp/b/bin/pip install -q --disable-pip-version-check '
-                                                         '--no-compile --no-deps --require-hashes --no-index '
-                                                         '--find-links {0} -r {1}'.format(WHEELS, lock), fresh)
+            fresh = 'rm -rf /tmp/b /tmp/uvc && /usr/bin/python3 -m venv /tmp/b && sync'  # no writeback left over
+            pip = ('/tmp/b/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes --no-index '
+                   '--find-links {0} -r {1}'.format(WHEELS, lock))
             uv = ('UV_LINK_MODE=copy {0} pip install -q --python /tmp/b/bin/python --no-deps --require-hashes '
                   '--offline --no-index --find-links {1} -r {2}'.format(UV, WHEELS, lock))
-            figures['b_uv_cold_cache_s'] = timed_in(ct, 'UV_CACHE_DIR=/tmp/uvc ' + uv, fresh)
-            figures['b_uv_node_cache_s'] = timed_in(ct, 'UV_CACHE_DIR=/var/cache/gpufleet/uv ' + uv, fresh)
+            figures.update(('b_{0}_s'.format(name), s) for name, s in interleaved_in(ct, {
+                'pip': pip, 'pip_no_compile': pip.replace(' install ', ' install --no-compile '),
+                'uv_cold_cache': 'UV_CACHE_DIR=/tmp/uvc ' + uv,
+                'uv_node_cache': 'UV_CACHE_DIR=/var/cache/gpufleet/uv ' + uv}, fresh).items())
             figures['b_ratio_cold'] = round(figures['b_uv_cold_cache_s'] / figures['b_pip_s'], 3)
             figures['b_ratio_node_cache'] = round(figures['b_uv_node_cache_s'] / figures['b_pip_s'], 3)
             sh(ct, 'rm -rf /tmp/b /tmp/uvc')
