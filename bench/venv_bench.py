@@ -36,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
 
-from conftest import Pve, _api, run_playbook  # noqa: E402
+from conftest import ONE_STORE, Pve, _api, run_playbook  # noqa: E402
 from gpufleet.lab import manager  # noqa: E402
 from gpufleet.lab.layout import Lab  # noqa: E402
 import figures as figures_file  # noqa: E402
@@ -66,14 +66,6 @@ def nameservers():
         return [line.split()[1] for line in fh if line.startswith('nameserver ')]
 
 
-# With hard links: one bind mount a node holds the uv cache and the venvs (docs/venv.md).
-STORE = {'gpu_node_shares': [{'path': '{{ gpufleet_lab_dir }}/node/var/lib/gpufleet/store', 'mp': '/var/lib/gpufleet/store'},
-                             {'path': '{{ gpufleet_lab_dir }}/wheelhouse', 'mp': WHEELS, 'read_only': True}],
-         'torch_venv_uv_cache': '/var/lib/gpufleet/store/uv',
-         'torch_venv_root': '/var/lib/gpufleet/store/venvs/{{ inventory_hostname }}',
-         'torch_venv_link_mode': 'hardlink'}
-
-
 def site(tmp, fleet, link_mode):
     path = os.path.join(tmp, 'vars-{0}.json'.format(len(fleet)))
     online = fleet[0]['venv_profile'] != 'cpu'
@@ -83,7 +75,7 @@ def site(tmp, fleet, link_mode):
     extra = {'gpufleet_containers': fleet, 'torch_venv_offline': not online,
              'torch_venv_environment': {'SSL_CERT_FILE': ca, 'PIP_CERT': ca} if online else {}}
     if link_mode == 'hardlink':
-        extra.update(STORE)
+        extra.update(ONE_STORE)
     with open(path, 'w') as fh:
         json.dump(extra, fh)
     r = run_playbook(open(SITE).read(), _Tmp(tmp), '-e', '@' + path)
@@ -136,8 +128,8 @@ def once_in(vmid, cmd, setup='true'):
 
 
 def interleaved_in(vmid, cmds, setup, rounds=3):
-    """{name: median seconds} of each command, run in turn round after round: in a lab container the same write
-    gets slower from run to run (its page cache fills), so each command sees the same conditions."""
+    """{name: median seconds} of each command, run in turn round after round: on the lab machine the same writes
+    get slower from run to run (docs/venv.md), so each command sees the same conditions."""
     times = dict((name, []) for name in cmds)
     for _ in range(rounds):
         for name, cmd in cmds.items():

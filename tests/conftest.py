@@ -8,6 +8,16 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATE_VOLID = 'local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst'
+# site.yml's variables for one store per lab node (docs/venv.md): one bind mount holds the uv cache and the venvs,
+# so uv can hard-link one into the other.
+ONE_STORE = {
+    'gpu_node_shares': [{'path': '{{ gpufleet_lab_dir }}/node/var/lib/gpufleet/store', 'mp': '/var/lib/gpufleet/store'},
+                        {'path': '{{ gpufleet_lab_dir }}/wheelhouse', 'mp': '/opt/gpufleet/wheelhouse',
+                         'read_only': True}],
+    'torch_venv_uv_cache': '/var/lib/gpufleet/store/uv',
+    'torch_venv_root': '/var/lib/gpufleet/store/venvs/{{ inventory_hostname }}',
+    'torch_venv_link_mode': 'hardlink',
+}
 
 
 @pytest.fixture(scope='session')

@@ -198,10 +198,11 @@ def check_same_mount(root, cache_dir):
     """Hard links cannot cross mounts (a bind mount of the same filesystem included); uv would copy instead."""
     if not cache_dir:
         raise ValueError('link_mode: hardlink needs cache_dir (the uv cache the venvs link to)')
-    if mount_of(root) != mount_of(cache_dir):
+    root_mount, cache_mount = mount_of(root), mount_of(cache_dir)
+    if root_mount != cache_mount:
         raise ValueError('link_mode: hardlink needs root ({0}, on the mount {1}) on the same mount as cache_dir '
-                         '({2}, on {3}): hard links cannot cross mounts'.format(root, mount_of(root), cache_dir,
-                                                                                mount_of(cache_dir)))
+                         '({2}, on {3}): hard links cannot cross mounts'.format(root, root_mount, cache_dir,
+                                                                                cache_mount))
 
 
 def tail(text, lines=20):

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, Pve, _api
+from conftest import ONE_STORE, ROOT, Pve, _api
 from fakewheels import wheel
 from test_gpu_container_role import entry, site
 
@@ -163,29 +163,18 @@ def test_hardlink_mode_refuses_a_root_off_the_caches_mount(built, tmp_path):
     assert link() == before and torch_version() == '2.13.0+cpu'
 
 
-STORE = {
-    # One bind mount per node holds the uv cache and the venvs, so uv can hard-link one into the other.
-    'gpu_node_shares': [{'path': '{{ gpufleet_lab_dir }}/node/var/lib/gpufleet/store', 'mp': '/var/lib/gpufleet/store'},
-                        {'path': '{{ gpufleet_lab_dir }}/wheelhouse', 'mp': '/opt/gpufleet/wheelhouse',
-                         'read_only': True}],
-    'torch_venv_uv_cache': '/var/lib/gpufleet/store/uv',
-    'torch_venv_root': '/var/lib/gpufleet/store/venvs/{{ inventory_hostname }}',
-    'torch_venv_link_mode': 'hardlink',
-}
-
-
 def test_hardlink_mode_links_the_venv_to_the_nodes_cache(tmp_path, pve, lab):
     store = os.path.join(lab.root, 'node', 'var', 'lib', 'gpufleet', 'store')
     pve.made.append(323)
     try:
-        r = site(tmp_path, [entry(323, 'venv-hl', [], memory=2048)], venv=True, **STORE)
+        r = site(tmp_path, [entry(323, 'venv-hl', [], memory=2048)], venv=True, **ONE_STORE)
         assert r.rc == 0, r.stdout[-3000:]
         (res,) = task(r, 'venv-hl', 'audit the active venv and repair it')
         assert res['built'] and res['venv'].startswith('/var/lib/gpufleet/store/venvs/venv-hl/')
         lib = os.path.join(res['venv'], 'lib/python3.11/site-packages/torch/lib/libtorch_cpu.so')
         out = subprocess.run(['pct', 'exec', '323', '--', 'stat', '-c', '%h', lib], capture_output=True, text=True)
         assert int(out.stdout) >= 2, out  # the venv's copy and the cache's are one file
-        again = site(tmp_path, [entry(323, 'venv-hl', [], memory=2048)], venv=True, **STORE)
+        again = site(tmp_path, [entry(323, 'venv-hl', [], memory=2048)], venv=True, **ONE_STORE)
         assert again.rc == 0 and all(s['changed'] == 0 for s in again.stats.values()), again.stats
     finally:
         pve.cleanup()
