@@ -208,7 +208,10 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
         if missing or modified:
             broken.append({'name': d['name'], 'version': d['version'], 'missing': missing, 'modified': modified})
     # -- collisions ------------------------------------------------------------------
-    collisions, declared = [], []
+    # A path several distributions claim with the same bytes (a namespace package's __init__.py, a header that two
+    # builds of one release share) conflicts with nothing: it goes to shared_files. The repair plan still knows its
+    # claimants, so a removal of one comes with the reinstall of the others.
+    collisions, declared, shared = [], [], []
     for path in sorted(p for p, claimants in owners.items() if len(claimants) > 1):
         claims = owners[path]
         names = sorted(set(d['name'] for d, _dg, _sz in claims))
@@ -216,17 +219,22 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
             if len(names) >= 2:
                 collisions.append({'path': os.path.relpath(path, site), 'claimed_by': names, 'on_disk': None})
             continue
+        item = {'path': os.path.relpath(path, site), 'claimed_by': names}
+        if all(dg is None for _d, dg, _sz in claims):  # a .pyc the installers wrote: no bytes to tell apart
+            shared.append(item)
+            continue
         # Whose bytes are on disk: by size where that tells them apart (fast mode), else by sha256.
         size = os.stat(path).st_size
         on_disk = sorted(set(d['name'] for d, _dg, sz in claims if sz == size))
         if mode == 'full' or len(on_disk) != 1:
             disk = file_digest(path)
             on_disk = sorted(set(d['name'] for d, dg, _sz in claims if dg == disk))
-        item = {'path': os.path.relpath(path, site), 'claimed_by': names, 'on_disk': on_disk[0] if on_disk else None}
-        if item['on_disk'] and canon(item['on_disk']) in overrides:
-            declared.append(item)
-        else:
-            collisions.append(item)
+        if on_disk == names:
+            shared.append(item)
+            continue
+        ours = [n for n in on_disk if canon(n) in overrides]
+        item['on_disk'] = (ours or on_disk or [None])[0]
+        (declared if ours else collisions).append(item)
     # A file whose bytes are a declared override's is intended, not a broken distribution.
     intended = set(item['path'] for item in declared)
     for b in broken:
@@ -262,7 +270,7 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
     return {'healthy': healthy, 'site_packages': site, 'distributions': len(dists),
             'findings': {'broken_distributions': broken, 'collisions': collisions,
                          'unresolved_libraries': unresolved, 'drift': drift},
-            'overrides': declared, 'optional_libraries': optional, 'plan': plan}
+            'overrides': declared, 'shared_files': shared, 'optional_libraries': optional, 'plan': plan}
 
 
 def repair_plan(venv, dists, broken, drift, locked, owners, installer, install_args, overrides, uv):

@@ -13,7 +13,9 @@ short_description: Everything wrong with a Python venv at once, and the commands
 version_added: 0.1.0
 description:
   - Checks, in one pass, every distribution's RECORD against the files on disk (sizes; sha256 too in
-    O(mode=full)), files claimed by more than one distribution and whose bytes are on disk, the ELF closure
+    O(mode=full)), files claimed by more than one distribution and whose bytes are on disk (a file that every
+    claimant installs with the same bytes, such as the C(nvidia/__init__.py) of every cu12 runtime wheel, conflicts
+    with nothing and is listed in RV(shared_files)), the ELF closure
     of every shared object (each DT_NEEDED resolved as the loader would, through DT_RPATH/DT_RUNPATH with
     C($ORIGIN), the venv's C(nvidia/*/lib), then the system's directories), and drift against a lock.
   - A library that is not found is a finding when a distribution provides it (the venv should have it) or when
@@ -94,6 +96,13 @@ findings:
   type: dict
 overrides:
   description: Collisions that a declared override explains.
+  returned: always
+  type: list
+  elements: dict
+shared_files:
+  description:
+    - Files that more than one distribution claims with the same bytes (path, claimed_by); not findings. The
+      plan still counts them, so removing one claimant comes with the reinstall of the others.
   returned: always
   type: list
   elements: dict

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from fakewheels import LIBDIR, LIBS, wheels  # noqa: F401 (a fixture)
+from fakewheels import LIBDIR, LIBS, SAME_BYTES, wheels  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.lab
 
@@ -54,6 +54,9 @@ def test_the_incident_every_missing_library_named_at_once_and_repaired(play, tmp
     healthy = audit(play, venv, overrides=['fake-rt-cu13'])
     assert healthy['healthy'] and len(healthy['overrides']) == 3
     assert {o['on_disk'] for o in healthy['overrides']} == {'fake-rt-cu13'}
+    # files both flavours install with the same bytes conflict with nothing, whoever installed last
+    shared = [s for s in healthy['shared_files'] if not s['path'].endswith('.pyc')]
+    assert shared == [{'path': p, 'claimed_by': ['fake-rt-cu12', 'fake-rt-cu13']} for p in sorted(SAME_BYTES)]
     # The "cleaning": uninstalling the cu13 set deletes the shared files.
     pip(venv, 'uninstall', '-y', 'fake-rt-cu13', wheels=wheels)
     broken = imports(venv)
@@ -64,7 +67,9 @@ def test_the_incident_every_missing_library_named_at_once_and_repaired(play, tmp
     assert [u['soname'] for u in unresolved] == list(LIBS)  # three missing -> three named
     assert all(u['needed_by'] == ['fake_torch/_C.so'] and u['provided_by'] == ['fake-rt-cu12'] for u in unresolved)
     (dist,) = res['findings']['broken_distributions']
-    assert dist['name'] == 'fake-rt-cu12' and sorted(dist['missing']) == sorted(LIBDIR + '/' + lib for lib in LIBS)
+    assert dist['name'] == 'fake-rt-cu12'
+    assert sorted(dist['missing']) == sorted(
+        [LIBDIR + '/' + lib for lib in LIBS] + list(SAME_BYTES))
     python = os.path.join(venv, 'bin', 'python')
     assert res['plan'] == [[python, '-m', 'pip', 'install', '--force-reinstall', '--no-deps', 'fake-rt-cu12==1.0',
                             '--no-index', '--find-links', wheels]]
