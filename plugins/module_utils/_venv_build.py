@@ -275,8 +275,12 @@ def summary(findings):
     parts = []
     for b in findings['broken_distributions']:
         parts.append('{0} {1} lacks {2} file(s)'.format(b['name'], b['version'], len(b['missing']) + len(b['modified'])))
+    by_claimants = {}
     for c in findings['collisions']:
-        parts.append('{0} is claimed by {1}'.format(c['path'], ', '.join(c['claimed_by'])))
+        by_claimants.setdefault(', '.join(c['claimed_by']), []).append(c['path'])
+    for names, paths in sorted(by_claimants.items()):  # one part per set of claimants: two wheels can share 100 files
+        parts.append('{0} is claimed by {1}'.format(paths[0], names) if len(paths) == 1 else
+                     '{0} files ({1}, ...) are claimed by {2}'.format(len(paths), ', '.join(paths[:2]), names))
     for u in findings['unresolved_libraries']:
         parts.append('{0} (needed by {1}) is not found'.format(u['soname'], ', '.join(u['needed_by'][:3])))
     for kind, items in sorted(findings['drift'].items()):

@@ -4,7 +4,8 @@ import pytest
 import base64
 import json
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _drift, _fleet, _lxc, _pveconf, _verify_role
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import (_drift, _fleet, _lxc, _pveconf, _venv_build,
+                                                                      _verify_role)
 
 
 @pytest.mark.parametrize('key,wanted,current,equal', [
@@ -220,3 +221,14 @@ def test_verify_keeps_plain_data_of_a_module_result():
               'invocation': {'module_args': {}}, '_ansible_no_log': False}
     assert _verify_role.plain(failed) == {'failed': True, 'msg': 'm', 'failures': [{'check': 'torch_version'}]}
     assert 'exception' not in _verify_role.report({}, {'healthy': True}, failed, 'h')['torch']
+
+
+def test_a_failed_audit_names_each_set_of_claimants_once():
+    nccl = ['nvidia-nccl-cu12', 'nvidia-nccl-cu13']
+    findings = {'broken_distributions': [], 'unresolved_libraries': [], 'drift': {'missing': [], 'extra': []},
+                'collisions': [{'path': 'nvidia/nccl/include/{0}.h'.format(n), 'claimed_by': nccl, 'on_disk': None}
+                               for n in ('a', 'b', 'c')] +
+                              [{'path': 'x/__init__.py', 'claimed_by': ['x', 'y'], 'on_disk': 'x'}]}
+    assert _venv_build.summary(findings) == (
+        '3 files (nvidia/nccl/include/a.h, nvidia/nccl/include/b.h, ...) are claimed by nvidia-nccl-cu12, '
+        'nvidia-nccl-cu13; x/__init__.py is claimed by x, y')
