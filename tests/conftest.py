@@ -1,5 +1,6 @@
 """Shared fixtures: the lab, brought up once per session, and API helpers."""
 
+import json
 import os
 import subprocess
 import time
@@ -166,6 +167,11 @@ class PlayResult:
     def stats(self):
         return self.data['stats']
 
+    def failures(self):
+        """'task on host: msg' for every failed task of the run."""
+        return ['{0} on {1}: {2}'.format(t['name'], host, res.get('msg')) for p in self.data['plays']
+                for t in p['tasks'] for host, res in t['hosts'].items() if res.get('failed')]
+
 
 def run_playbook(playbook, tmp_path, *args, inventory=None, env=None):
     import json
@@ -189,6 +195,20 @@ def run_playbook(playbook, tmp_path, *args, inventory=None, env=None):
         raise AssertionError('ansible-playbook printed no JSON (rc {0}):\n{1}\n{2}'.format(
             proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:]))
     return PlayResult(proc, data)
+
+
+SITE = os.path.join(ROOT, 'playbooks', 'site.yml')
+
+
+def site(tmp_path, fleet, *args, venv=False, **extra):
+    """site.yml on this fleet (gpufleet_containers) with extra vars; the venv and verify stages only with venv=True
+    (their own tests cover them)."""
+    extra['gpufleet_containers'] = fleet
+    if not venv:
+        args = ('--skip-tags', 'venv,verify') + args
+    path = tmp_path / 'vars-{0}.json'.format(len(list(tmp_path.glob('vars-*.json'))))
+    path.write_text(json.dumps(extra))
+    return run_playbook(open(SITE).read(), tmp_path, '-e', '@' + str(path), *args)
 
 
 @pytest.fixture

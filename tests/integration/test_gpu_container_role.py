@@ -6,27 +6,16 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, run_playbook
+from conftest import run_playbook, site
 
 pytestmark = pytest.mark.lab
 
-SITE = os.path.join(ROOT, 'playbooks', 'site.yml')
 OPEN = ('import errno, glob, os\n'
         'for p in sorted(glob.glob("/dev/nvidia*")):\n'
         '    try:\n'
         '        os.close(os.open(p, os.O_RDWR)); print(p, "OK")\n'
         '    except OSError as e:\n'
         '        print(p, errno.errorcode[e.errno])\n')
-
-
-def site(tmp_path, fleet, *args, venv=False, **extra):
-    """site.yml on this fleet; the venv and verify stages only with venv=True (their own tests cover them)."""
-    extra['gpufleet_containers'] = fleet
-    if not venv:
-        args = ('--skip-tags', 'venv,verify') + args
-    path = tmp_path / 'vars-{0}.json'.format(len(list(tmp_path.glob('vars-*.json'))))
-    path.write_text(json.dumps(extra))
-    return run_playbook(open(SITE).read(), tmp_path, '-e', '@' + str(path), *args)
 
 
 def recap(result, host):

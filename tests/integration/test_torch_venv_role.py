@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from conftest import ONE_STORE, ROOT, Pve, _api
+from conftest import ONE_STORE, ROOT, Pve, _api, site
 from fakewheels import wheel
-from test_gpu_container_role import entry, site
+from test_gpu_container_role import entry
 
 pytestmark = pytest.mark.lab
 

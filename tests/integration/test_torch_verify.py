@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from conftest import Pve, _api
-from test_gpu_container_role import entry, site
+from conftest import Pve, _api, site
+from test_gpu_container_role import entry
 from test_pct_connection import inventory, run
 
 pytestmark = pytest.mark.lab
