@@ -9,9 +9,10 @@
     With the cpu profile the first build downloads nothing (the lab's wheelhouse is on the node), so the cache
     saves only unpacking; with cu130 the first build downloads the whole stack (about 3 GB) through the lab's NAT,
     as a node's first container does on a real cluster.
-(b) cpu only: in one container, the same lock into a fresh venv by `pip install -r` (with and without its .pyc
-    compilation, which uv does not do) and by `uv pip install -r` (both --require-hashes, offline from the
-    node's wheelhouse; uv with an empty cache and with the node's), the four in turn, three rounds.
+(b) cpu only: in one container, the same lock into a new venv each time (none deleted until all have run) by
+    `pip install -r` (with and without its .pyc compilation, which uv does not do) and by `uv pip install -r`
+    (both --require-hashes, offline from the node's wheelhouse; uv with an empty cache and with the node's), the
+    four in turn, three rounds.
     Goal: uv <= 33% of pip.
 (c) In that container, venv_audit's audit (the module's code, fast and full mode) on the torch venv, against
     `python -c "import torch"` there. Goal: fast <= 2x the import. With cu130 the audit's findings on the
@@ -25,6 +26,7 @@ import glob
 
 import json
 import os
+import pathlib
 import shutil
 import statistics
 import subprocess
@@ -36,13 +38,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
 
-from conftest import ONE_STORE, Pve, _api, run_playbook  # noqa: E402
+from conftest import ONE_STORE, Pve, _api, site  # noqa: E402
 from gpufleet.lab import manager  # noqa: E402
 from gpufleet.lab.layout import Lab  # noqa: E402
 import figures as figures_file  # noqa: E402
 
 VMIDS = (341, 342)
-SITE = os.path.join(ROOT, 'playbooks', 'site.yml')
 LOCKS = '/opt/gpufleet/profiles/{0}/requirements.lock'
 UV = '/opt/gpufleet/uv/0.13.9/bin/uv'
 WHEELS = '/opt/gpufleet/wheelhouse'
@@ -56,7 +57,7 @@ def entry(vmid, profile):
           'venv_profile': profile}
     if profile != 'cpu':
         ct['nameserver'] = ' '.join(nameservers())  # the machine's own, reached through the lab's NAT
-        # The machine's CA bundle, for a network whose gateway inspects TLS (see site()).
+        # The machine's CA bundle, for a network whose gateway inspects TLS (see site_run()).
         ct['mounts'] = {'mp0': '{0},mp={1},ro=1'.format(os.path.dirname(CA_BUNDLE), CA_DIR)}
     return ct
 
@@ -66,35 +67,18 @@ def nameservers():
         return [line.split()[1] for line in fh if line.startswith('nameserver ')]
 
 
-def site(tmp, fleet, link_mode):
-    path = os.path.join(tmp, 'vars-{0}.json'.format(len(fleet)))
+def site_run(tmp, fleet, link_mode, *args):
     online = fleet[0]['venv_profile'] != 'cpu'
     # Any profile but the lab's cpu one installs from its indexes, not the node's wheelhouse alone, with the
     # machine's CA bundle (uv reads SSL_CERT_FILE; the pip that installs uv, PIP_CERT).
     ca = os.path.join(CA_DIR, os.path.basename(CA_BUNDLE))
-    extra = {'gpufleet_containers': fleet, 'torch_venv_offline': not online,
+    extra = {'torch_venv_offline': not online,
              'torch_venv_environment': {'SSL_CERT_FILE': ca, 'PIP_CERT': ca} if online else {}}
     if link_mode == 'hardlink':
         extra.update(ONE_STORE)
-    with open(path, 'w') as fh:
-        json.dump(extra, fh)
-    r = run_playbook(open(SITE).read(), _Tmp(tmp), '-e', '@' + path)
-    failed = ['{0} on {1}: {2}'.format(t['name'], host, res.get('msg'))
-              for p in r.data['plays'] for t in p['tasks'] for host, res in t['hosts'].items() if res.get('failed')]
-    assert r.rc == 0, '\n'.join(failed) or r.stdout[-3000:]
+    r = site(tmp, fleet, *args, venv=True, **extra)
+    assert r.rc == 0, '\n'.join(r.failures()) or r.stdout[-3000:]
     return r
-
-
-class _Tmp(str):
-    """run_playbook wants a pathlib-like tmp_path."""
-
-    def __truediv__(self, name):
-        import pathlib
-        return pathlib.Path(self) / name
-
-    def glob(self, pattern):
-        import pathlib
-        return pathlib.Path(self).glob(pattern)
 
 
 def build_timings(result, host):
@@ -127,14 +111,31 @@ def once_in(vmid, cmd, setup='true'):
     return float(out.stdout.strip())
 
 
-def interleaved_in(vmid, cmds, setup, rounds=3):
-    """{name: median seconds} of each command, run in turn round after round: on the lab machine the same writes
-    get slower from run to run (docs/venv.md), so each command sees the same conditions."""
+def interleaved_in(vmid, cmds, rounds=3):
+    """{name: median seconds} of each command, each into a new venv ({target}), run in turn round after round.
+    Nothing is deleted until all have run: on a file system that delays the reuse of freed inodes (ext4 without a
+    journal, as on the lab's machine: docs/venv.md), writing many files right after deleting as many costs
+    seconds of kernel time that would be the file system's, not the installer's."""
     times = dict((name, []) for name in cmds)
-    for _ in range(rounds):
-        for name, cmd in cmds.items():
-            times[name].append(once_in(vmid, cmd, setup))
+    for r in range(rounds):
+        for i, (name, cmd) in enumerate(cmds.items()):
+            target = '/var/tmp/b-{0}-{1}'.format(r, i)
+            times[name].append(once_in(vmid, cmd.format(target=target),
+                                       '/usr/bin/python3 -m venv {0} && sync'.format(target)))
     return dict((name, round(statistics.median(t), 2)) for name, t in times.items())
+
+
+def lab_with(vmids):
+    """The lab, up, and the PVE API as root, with the containers vmids destroyed and destroyed again by cleanup()."""
+    lab = Lab()
+    manager.up(say=lambda m: None)
+    with open(os.path.join(lab.root, 'credentials.json')) as fh:
+        creds = json.load(fh)
+    pve = Pve(_api(creds, user='root@pam', password=creds['api_password']), creds['node'])
+    pve.made.extend(vmids)
+    pve.cleanup()
+    pve.made.extend(vmids)
+    return lab, pve
 
 
 def push_collection(vmid):
@@ -158,30 +159,23 @@ def main():
     args = parser.parse_args()
     profile, link_mode = args.profile, args.link_mode
     lock = LOCKS.format(profile)
-    lab = Lab()
-    manager.up(say=lambda m: None)
-    with open(os.path.join(lab.root, 'credentials.json')) as fh:
-        creds = json.load(fh)
-    pve = Pve(_api(creds, user='root@pam', password=creds['api_password']), creds['node'])
-    pve.made.extend(VMIDS)
-    pve.cleanup()
-    pve.made.extend(VMIDS)
+    lab, pve = lab_with(VMIDS)
     cache = os.path.join(lab.root, 'node', 'var', 'cache', 'gpufleet', 'uv')
     store = os.path.join(lab.root, 'node', 'var', 'lib', 'gpufleet', 'store')
     if link_mode == 'hardlink':
         cache = os.path.join(store, 'uv')
     shutil.rmtree(cache, ignore_errors=True)
     shutil.rmtree(store, ignore_errors=True)
-    tmp = tempfile.mkdtemp(prefix='venv-bench-')
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix='venv-bench-'))
     figures = {'profile': profile, 'link_mode': link_mode}
     try:
         started = time.monotonic()
-        first = site(tmp, [entry(VMIDS[0], profile)], link_mode)
+        first = site_run(tmp, [entry(VMIDS[0], profile)], link_mode)
         figures['site_first_container_s'] = round(time.monotonic() - started, 1)
         figures['a_node_cache_mb'] = int(subprocess.run(['du', '-sm', cache], capture_output=True, text=True,
                                                         check=True).stdout.split()[0])
         started = time.monotonic()
-        second = site(tmp, [entry(v, profile) for v in VMIDS], link_mode)
+        second = site_run(tmp, [entry(v, profile) for v in VMIDS], link_mode)
         figures['site_second_container_s'] = round(time.monotonic() - started, 1)
         figures['a_node_disk_mb'] = int(subprocess.run(['du', '-smc', cache] + glob.glob(os.path.join(
             lab.root, 'lxc', '*')) + [store], capture_output=True, text=True).stdout.split()[-2])
@@ -194,18 +188,17 @@ def main():
 
         ct = VMIDS[1]
         if profile == 'cpu' and link_mode == 'copy':  # (b) is the same whatever the layout
-            fresh = 'rm -rf /tmp/b /tmp/uvc && /usr/bin/python3 -m venv /tmp/b && sync'  # no writeback left over
-            pip = ('/tmp/b/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes --no-index '
+            pip = ('{{target}}/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes --no-index '
                    '--find-links {0} -r {1}'.format(WHEELS, lock))
-            uv = ('UV_LINK_MODE=copy {0} pip install -q --python /tmp/b/bin/python --no-deps --require-hashes '
+            uv = ('UV_LINK_MODE=copy {0} pip install -q --python {{target}}/bin/python --no-deps --require-hashes '
                   '--offline --no-index --find-links {1} -r {2}'.format(UV, WHEELS, lock))
             figures.update(('b_{0}_s'.format(name), s) for name, s in interleaved_in(ct, {
                 'pip': pip, 'pip_no_compile': pip.replace(' install ', ' install --no-compile '),
-                'uv_cold_cache': 'UV_CACHE_DIR=/tmp/uvc ' + uv,
-                'uv_node_cache': 'UV_CACHE_DIR=/var/cache/gpufleet/uv ' + uv}, fresh).items())
+                'uv_cold_cache': 'UV_CACHE_DIR={target}.uvc ' + uv,
+                'uv_node_cache': 'UV_CACHE_DIR=/var/cache/gpufleet/uv ' + uv}).items())
             figures['b_ratio_cold'] = round(figures['b_uv_cold_cache_s'] / figures['b_pip_s'], 3)
             figures['b_ratio_node_cache'] = round(figures['b_uv_node_cache_s'] / figures['b_pip_s'], 3)
-            sh(ct, 'rm -rf /tmp/b /tmp/uvc')
+            sh(ct, 'rm -rf /var/tmp/b-*')
 
         push_collection(ct)
         audit = ('cd /tmp/gp && /usr/bin/python3 -c "import json; from ansible_collections.gpufleet.proxmox.plugins.'
