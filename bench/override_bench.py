@@ -22,16 +22,14 @@ import shutil
 import tempfile
 import time
 
-from venv_bench import ROOT, entry, figures_file, lab_with, push_collection, sh, site_run
+from venv_bench import (LOCKS, ROOT, UV, audit_command, build_result, entry, figures_file, lab_with, push_collection,
+                        sh, site_run)
 
 VMID = 343
 DEFAULT = os.path.join(ROOT, 'roles', 'torch_venv', 'files', 'profiles', 'default')
 NAME = 'default-runtime'
 CU13 = ['nvidia-cudnn-cu13', 'nvidia-cusparselt-cu13', 'nvidia-nccl-cu13', 'nvidia-nvshmem-cu13']
-UV = '/opt/gpufleet/uv/0.13.9/bin/uv'
-AUDIT = ('cd /tmp/gp && /usr/bin/python3 -c "import json; from ansible_collections.gpufleet.proxmox.plugins.'
-         'module_utils import _venv; print(json.dumps(_venv.audit(\'/root/venv\', '
-         '\'/opt/gpufleet/profiles/{0}/requirements.lock\', \'full\', overrides={1})))"').format(NAME, CU13)
+AUDIT = audit_command(LOCKS.format(NAME), 'full', CU13)
 
 
 def without_torch(lock_text):
@@ -57,11 +55,6 @@ def make_profile(tmp):
                      else line for line in meta.splitlines() if not line.startswith('install_args:')) + '\n'
     (d / 'profile.yml').write_text(meta)
     return str(d)
-
-
-def build_result(result, host):
-    (res,) = [t for t in result.tasks(host) if 'switch to it' in t['task']]
-    return res
 
 
 def summary(audit):

@@ -81,10 +81,25 @@ def site_run(tmp, fleet, link_mode, *args):
     return r
 
 
-def build_timings(result, host):
+def build_result(result, host):
+    """The torch_venv role's venv_build result for host in a site.yml run."""
     (res,) = [t for t in result.tasks(host) if 'switch to it' in t['task']]
+    return res
+
+
+def build_timings(result, host):
+    res = build_result(result, host)
     assert res['built'], res
     return res['timings']
+
+
+def audit_command(lock, mode, overrides=(), healthy=False):
+    """The shell command that runs venv_audit's own code (push_collection() puts it there) on /root/venv and
+    prints its JSON; with healthy, it fails where the venv is not."""
+    return ('cd /tmp/gp && /usr/bin/python3 -c "import json; from ansible_collections.gpufleet.proxmox.plugins.'
+            'module_utils import _venv; r = _venv.audit(\'/root/venv\', \'{0}\', \'{1}\', overrides={2}); '
+            'print(json.dumps(r)){3}"').format(lock, mode, list(overrides),
+                                                "; assert r[\'healthy\'], r" if healthy else '')
 
 
 def sh(vmid, cmd):
@@ -201,14 +216,11 @@ def main():
             sh(ct, 'rm -rf /var/tmp/b-*')
 
         push_collection(ct)
-        audit = ('cd /tmp/gp && /usr/bin/python3 -c "import json; from ansible_collections.gpufleet.proxmox.plugins.'
-                 'module_utils import _venv; r = _venv.audit(\'/root/venv\', \'{0}\', \'{{0}}\'); '
-                 'print(json.dumps(r)); assert r[\'healthy\'], r"'.format(lock))
         figures['c_import_torch_s'] = timed_in(ct, '/root/venv/bin/python -c "import torch"')
-        figures['c_audit_fast_s'] = timed_in(ct, audit.format('fast'))
-        figures['c_audit_full_s'] = timed_in(ct, audit.format('full'))
+        figures['c_audit_fast_s'] = timed_in(ct, audit_command(lock, 'fast', healthy=True))
+        figures['c_audit_full_s'] = timed_in(ct, audit_command(lock, 'full', healthy=True))
         figures['c_ratio_fast'] = round(figures['c_audit_fast_s'] / figures['c_import_torch_s'], 3)
-        report = json.loads(sh(ct, audit.format('full')))
+        report = json.loads(sh(ct, audit_command(lock, 'full', healthy=True)))
         figures['c_audit_healthy'] = report['healthy']
         figures['c_audit_findings'] = {kind: len(items) if isinstance(items, list) else sum(map(len, items.values()))
                                        for kind, items in report['findings'].items()}

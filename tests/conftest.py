@@ -174,7 +174,6 @@ class PlayResult:
 
 
 def run_playbook(playbook, tmp_path, *args, inventory=None, env=None):
-    import json
     import yaml
     path = tmp_path / 'play-{0}.yml'.format(len(list(tmp_path.glob('play-*.yml'))))
     if not isinstance(playbook, str):

@@ -1,6 +1,5 @@
 """The gpu_node and gpu_container roles through playbooks/site.yml, against the lab."""
 
-import json
 import os
 import subprocess
 
