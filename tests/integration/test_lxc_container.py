@@ -19,8 +19,25 @@ def ct(vmid, **options):
 
 
 def only(play, task, *args, **kwargs):
+    """The task's result, failed or not (the task runs with ignore_errors): check `failed` before anything else."""
     r = play([task], *args, **kwargs)
     return r.task(0)
+
+
+def done(play, task, *args, **kwargs):
+    """The task's result, which must not have failed (a failed module also says changed: false)."""
+    res = only(play, task, *args, **kwargs)
+    assert not res.get('failed'), res.get('msg')
+    return res
+
+
+def props(text, default_key):
+    """A PVE property string as a dict, the value without a key under default_key."""
+    out = {}
+    for part in text.split(','):
+        key, eq, value = part.partition('=')
+        out[key if eq else default_key] = value if eq else key
+    return out
 
 
 def test_create_in_check_mode_changes_nothing(play, pve, control):
@@ -58,13 +75,13 @@ def test_every_option_applied_then_second_run_changes_nothing(play, pve, control
     assert cfg['description'].rstrip('\n') == 'training box\nsecond line'
     assert cfg['nameserver'] == '10.77.0.1' and cfg['searchdomain'] == 'lab.internal'
     assert cfg['mp0'].startswith(lab.wheelhouse) and 'mp=/data' in cfg['mp1'] and 'size=1G' in cfg['mp1']
-    assert cfg['dev0'] == 'mode=0666,path=/dev/nvidia0' or 'mode=0666' in cfg['dev0']
-    assert 'uid=0' in cfg['dev1'] and 'deny-write=0' in cfg['dev2']
+    assert props(cfg['dev0'], 'path') == {'path': '/dev/nvidia0', 'mode': '0666'}
+    assert props(cfg['dev1'], 'path') == {'path': '/dev/nvidiactl', 'uid': '0', 'gid': '0'}
+    assert props(cfg['dev2'], 'path') == {'path': '/dev/nvidia-uvm', 'deny-write': '0'}
     assert 'size=6G' in cfg['rootfs'] and int(cfg['unprivileged']) == 1
     assert pve.status(962) == 'running'
     control.clear_requests()
-    second = only(play, task, '--diff')
-    assert not second.get('failed'), second
+    second = done(play, task, '--diff')
     assert second['changed'] is False, second['diff']
     assert second['changed_keys'] == []
     assert control.mutating_requests() == []
@@ -91,7 +108,7 @@ def test_update_diff_shows_removals_and_check_mode_sends_nothing(play, pve, cont
     assert len(puts) == 1 and 'digest=' in puts[0][2] and 'delete=dev1' in puts[0][2]
     cfg = pve.ct(963).config.get()
     assert 'dev1' not in cfg and cfg['features'] == 'nesting=1' and cfg['cores'] == 2
-    assert only(play, task)['changed'] is False
+    assert done(play, task)['changed'] is False
 
 
 def test_empty_means_none_and_left_out_means_unmanaged(play, pve):
@@ -106,7 +123,7 @@ def test_empty_means_none_and_left_out_means_unmanaged(play, pve):
 def test_property_strings_compare_parsed(play, pve):
     pve.create(965, dev0='mode=0666,path=/dev/nvidia0', features='keyctl=1,nesting=1',
                net0='name=eth0,bridge=vmbr0,ip=10.77.0.65/24')
-    res = only(play, ct(965, devices=[{'path': '/dev/nvidia0', 'mode': '666'}], features=['nesting=1', 'keyctl=1'],
+    res = done(play, ct(965, devices=[{'path': '/dev/nvidia0', 'mode': '666'}], features=['nesting=1', 'keyctl=1'],
                        net={'net0': 'bridge=vmbr0,ip=10.77.0.65/24,name=eth0'}))
     assert res['changed'] is False, res.get('diff')
 
@@ -119,7 +136,7 @@ def test_running_container_pending_changes_and_restart(play, pve):
     assert res['pending'] == ['features'] and res['restart_required'] is True
     assert pve.status(966) == 'running'
     assert pve.ct(966).config.get(current=1)['cores'] == 2  # hot-applied
-    again = only(play, ct(966, features=['nesting=1', 'keyctl=1'], cores=2, restart_on_pending=True))
+    again = done(play, ct(966, features=['nesting=1', 'keyctl=1'], cores=2, restart_on_pending=True))
     assert again['changed'] and again['restart_required'] is False and again['pending'] == []
     assert pve.ct(966).config.get(current=1)['features'] in ('keyctl=1,nesting=1', 'nesting=1,keyctl=1')
     assert pve.ct(966).pending.get() and not [p for p in pve.ct(966).pending.get() if 'pending' in p]
@@ -127,12 +144,12 @@ def test_running_container_pending_changes_and_restart(play, pve):
 
 def test_power_states(play, pve):
     pve.create(967)
-    assert only(play, ct(967, state='started'))['status'] == 'running'
+    assert done(play, ct(967, state='started'))['status'] == 'running'
     assert pve.status(967) == 'running'
-    assert only(play, ct(967, state='started'))['changed'] is False
-    stopped = only(play, ct(967, state='stopped'))
+    assert done(play, ct(967, state='started'))['changed'] is False
+    stopped = done(play, ct(967, state='stopped'))
     assert stopped['changed'] and pve.status(967) == 'stopped'
-    restarted = only(play, ct(967, state='restarted'))
+    restarted = done(play, ct(967, state='restarted'))
     assert restarted['changed'] and pve.status(967) == 'running'
 
 
@@ -147,7 +164,7 @@ def test_absent_refuses_a_running_container_without_force(play, pve, control):
                                                           'purge': True}})
     assert gone['changed'] and not gone.get('failed'), gone
     assert 968 not in [g['vmid'] for g in pve.api.cluster.resources.get(type='vm')]
-    assert only(play, {'gpufleet.proxmox.lxc_container': {'vmid': 968, 'state': 'absent'}})['changed'] is False
+    assert done(play, {'gpufleet.proxmox.lxc_container': {'vmid': 968, 'state': 'absent'}})['changed'] is False
 
 
 def test_token_with_devn_is_refused_before_any_change(play, pve, control):
@@ -196,10 +213,12 @@ def test_fleet_in_one_call(play, pve, control):
     task = {'gpufleet.proxmox.lxc_container': {'node': 'pve1', 'ostemplate': TEMPLATE, 'storage': 'local-lvm',
                                                'cores': 1, 'containers': fleet, 'state': 'started'}}
     first = play([task], '--diff').task(0)
+    assert not first.get('failed'), first.get('msg')
     assert first['changed'] and [c['status'] for c in first['containers']] == ['running'] * 3
     assert len(first['diff']) == 3
     control.clear_requests()
     second = play([task]).task(0)
+    assert not second.get('failed'), second.get('msg')
     assert second['changed'] is False
     assert control.mutating_requests() == []
     # one login, one read of the cluster's guests, one config read per container
@@ -264,7 +283,7 @@ def test_lxc_raw_lines_in_the_nodes_config(play, pve, lab, control):
     conf = os.path.join(lab.pve_root, 'nodes', 'pve1', 'lxc', '980.conf')
     raw = ['lxc.cgroup2.devices.allow: c 195:7 rw', 'lxc.mount.entry = /dev/nvidia7 dev/nvidia7 none bind,optional,create=file']
     control.clear_requests()
-    check = only(play, ct(980, lxc_raw=raw, pve_root=lab.pve_root), '--check', '--diff')
+    check = done(play, ct(980, lxc_raw=raw, pve_root=lab.pve_root), '--check', '--diff')
     assert check['changed'] and check['diff']['after']['lxc'][0] == 'lxc.cgroup2.devices.allow: c 195:7 rw'
     assert 'lxc.' not in open(conf).read()
     res = only(play, ct(980, lxc_raw=raw, pve_root=lab.pve_root))
@@ -273,9 +292,9 @@ def test_lxc_raw_lines_in_the_nodes_config(play, pve, lab, control):
     assert cfg['lxc'] == [['lxc.cgroup2.devices.allow', 'c 195:7 rw'],
                           ['lxc.mount.entry', '/dev/nvidia7 dev/nvidia7 none bind,optional,create=file']]
     assert cfg['description'].rstrip() == 'keep me'
-    assert only(play, ct(980, lxc_raw=raw, pve_root=lab.pve_root))['changed'] is False
+    assert done(play, ct(980, lxc_raw=raw, pve_root=lab.pve_root))['changed'] is False
     assert control.mutating_requests() == []  # raw lines are a file on the node, not an API call
-    gone = only(play, ct(980, lxc_raw=[], pve_root=lab.pve_root))
+    gone = done(play, ct(980, lxc_raw=[], pve_root=lab.pve_root))
     assert gone['changed'] and 'lxc' not in pve.ct(980).config.get()
     away = only(play, ct(980, lxc_raw=raw, pve_root='/nonexistent'))
     assert away.get('failed') and 'run the task on a node of the cluster' in away['msg']
