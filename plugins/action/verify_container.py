@@ -32,6 +32,7 @@ SPEC = {
     'timeout': {'type': 'int', 'default': 300},
     'node': {'type': 'str'},
     'vmid': {'type': 'int'},
+    'run': {'type': 'str'},
 }
 
 
@@ -73,7 +74,7 @@ class ActionModule(ActionBase):
                 record_fingerprint=now['fingerprint'] if 'id' in built else None,
                 **dict(('expect_' + k, v) for k, v in expect.items() if v not in (None, ''))), task_vars)
         host = task_vars.get('inventory_hostname')
-        report = _verify_role.report(now, audit, probe, host, args['node'], args['vmid'])
+        report = _verify_role.report(now, audit, probe, host, args['node'], args['vmid'], args['run'])
         result.update(changed=False, state=now, ansible_facts={
             'verify_audit': _verify_role.plain(audit), 'verify_result': _verify_role.plain(probe), 'verify_report': report})
         if not report['ok']:

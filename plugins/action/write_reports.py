@@ -32,16 +32,28 @@ def write_private(directory, name, data):
     return path
 
 
+def prune(directory, written):
+    """Remove the *.json files directly in directory that are not in written (regular files only)."""
+    removed = []
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if name.endswith('.json') and path not in written and os.path.isfile(path) and not os.path.islink(path):
+            os.unlink(path)
+            removed.append(path)
+    return removed
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(('dir', 'reports'))
+    _VALID_ARGS = frozenset(('dir', 'reports', 'prune'))
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
         result = super(ActionModule, self).run(tmp, task_vars)
         args = self.validate_argument_spec(argument_spec={
             'dir': {'type': 'path', 'required': True},
-            'reports': {'type': 'dict', 'required': True}})[1]
+            'reports': {'type': 'dict', 'required': True},
+            'prune': {'type': 'bool', 'default': False}})[1]
         bad = sorted(n for n in args['reports'] if not n or '/' in n or n.startswith('.'))
         if bad:
             raise AnsibleActionFail('reports: not a file name: {0}'.format(', '.join(repr(n) for n in bad)))
@@ -50,7 +62,8 @@ class ActionModule(ActionBase):
             os.makedirs(directory, mode=0o700, exist_ok=True)
             os.chmod(directory, 0o700)
             written = [write_private(directory, name, args['reports'][name]) for name in sorted(args['reports'])]
+            removed = prune(directory, written) if args['prune'] else []
         except (OSError, TypeError, ValueError) as e:
             raise AnsibleActionFail('dir: cannot write the reports in {0}: {1}'.format(directory, e))
-        result.update(changed=False, written=written)
+        result.update(changed=False, written=written, removed=removed)
         return result

@@ -28,14 +28,14 @@ def fleet_power(specs, restart):
     return _utils('_fleet').power(specs, restart)
 
 
-def fleet_verify_summary(reports):
-    return _utils('_verify').summary(reports)
+def fleet_verify_summary(reports, containers, reconcile, run=None, check_mode=False):
+    return _utils('_verify_role').fleet(reports, containers, reconcile, run, check_mode)
 
 
 def fleet_drift(data, kind, *args):
     """kind node: data = gpu_devices facts; containers: data = lxc_container result,
     args = (fleet,); container: data = a container's variables (hostvars[name]: its driver, build and report);
-    summary: data = {nodes, containers},
+    unverified: data = the verify role's verify_fleet; summary: data = {nodes, containers},
     args = (check_mode,); reports: data = a summary, the files of the drift run (one per host, and the summary)."""
     if kind == 'node':
         return _utils('_drift').node(data, *args)
@@ -44,11 +44,13 @@ def fleet_drift(data, kind, *args):
     if kind == 'container':
         return _utils('_drift').container(driver=data.get('gpu_container_driver'), build=data.get('torch_venv_build'),
                                           report=(data.get('ansible_facts') or {}).get('verify_report'))
+    if kind == 'unverified':
+        return _utils('_drift').unverified(data)
     if kind == 'summary':
         return _utils('_drift').summary(data.get('nodes'), data.get('containers'), *args)
     if kind == 'reports':
         return _utils('_drift').reports(data)
-    raise ValueError('fleet_drift: kind must be node, containers, container, summary or reports, got {0!r}'.format(kind))
+    raise ValueError('fleet_drift: kind must be node, containers, container, unverified, summary or reports, got {0!r}'.format(kind))
 
 
 class FilterModule(object):

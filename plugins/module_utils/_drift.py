@@ -84,6 +84,14 @@ def container(driver=None, build=None, report=None):
     return items
 
 
+def unverified(fleet):
+    """{container hostname: items} for the containers of the fleet's verdict (the verify role's verify_fleet) that
+    run but were not verified in this run (unreached) or were not read through the API (unread): the other
+    states are drift of their own already (missing, stopped) or the container's verification items."""
+    return dict((row['host'], [_item('verify', row['state'], row.get('why') or '')])
+                for row in (fleet or {}).get('containers') or [] if row.get('state') in ('unreached', 'unread'))
+
+
 def summary(nodes, containers, check_mode):
     """The fleet's drift report: every node's and container's items, and counts."""
     hosts = dict(('node/' + k, v) for k, v in (nodes or {}).items())

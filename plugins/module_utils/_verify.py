@@ -269,26 +269,3 @@ def message(result):
     notes = (result.get('diagnosis') or {}).get('notes') or []
     return '; '.join(parts) + ('. Diagnosis: ' + '; '.join(notes) if notes else '')
 
-
-def audit_count(findings):
-    findings = findings or {}
-    drift = findings.get('drift') or {}
-    return sum(len(findings.get(k) or []) for k in ('broken_distributions', 'collisions', 'unresolved_libraries')) + \
-        sum(len(v) for v in drift.values())
-
-
-def summary(reports):
-    """The fleet's verification at a glance: one row per container report (verify role's verify_report)."""
-    rows = []
-    for r in reports:
-        torch = r.get('torch') or {}
-        rows.append({
-            'host': r.get('host'), 'node': r.get('node'), 'vmid': r.get('vmid'), 'profile': r.get('profile'),
-            'ok': bool(r.get('ok')), 'torch_version': torch.get('torch_version'),
-            'cuda_version': torch.get('cuda_version'), 'cuda_available': torch.get('cuda_available'),
-            'devices_seen': torch.get('device_count'), 'devices_expected': (r.get('expected') or {}).get('device_count'),
-            'failures': ['{0}: expected {1}, got {2}'.format(f.get('check'), f.get('expected'), f.get('actual'))
-                         for f in torch.get('failures') or []],
-            'venv_findings': audit_count((r.get('audit') or {}).get('findings')),
-        })
-    return {'ok': all(row['ok'] for row in rows), 'containers': rows}

@@ -83,13 +83,13 @@ def plain(result):
                 if k not in ('invocation', 'exception') and not k.startswith('_ansible'))
 
 
-def report(now, audit, result, host, node=None, vmid=None):
-    """One container's verification report: what was expected, what torch showed (the result without the task's
-    own keys), the venv's audit, and ok (the audit is healthy and the verification has no failures; a result
-    without failures at all - the probe did not run - is not ok)."""
+def report(now, audit, result, host, node=None, vmid=None, run=None):
+    """One container's verification report: the run that made it, what was expected, what torch showed (the result
+    without the task's own keys), the venv's audit, and ok (the audit is healthy and the verification has no
+    failures; a result without failures at all - the probe did not run - is not ok)."""
     audit, result = audit or {}, result or {}
     healthy = bool(audit.get('healthy', False))
-    return {'host': host, 'node': node, 'vmid': vmid, 'profile': (now.get('meta') or {}).get('profile'),
+    return {'host': host, 'node': node, 'vmid': vmid, 'run': run, 'profile': (now.get('meta') or {}).get('profile'),
             'ok': healthy and not result.get('failures', ['probe']), 'expected': now.get('expect'),
             'torch': dict((k, v) for k, v in result.items() if k not in INTERNAL),
             'audit': {'healthy': healthy, 'findings': audit.get('findings') or {},
@@ -104,3 +104,100 @@ def problems(audit, result):
     if not audit.get('healthy', False):
         found.append('venv audit: ' + (audit.get('msg') or json.dumps(audit.get('findings') or {}, sort_keys=True)))
     return found
+
+
+def audit_count(findings):
+    """How many findings a venv audit has (its broken distributions, collisions, unresolved libraries, drift)."""
+    findings = findings or {}
+    drift = findings.get('drift') or {}
+    return sum(len(findings.get(k) or []) for k in ('broken_distributions', 'collisions', 'unresolved_libraries')) + \
+        sum(len(v) for v in drift.values())
+
+
+def _row(r):
+    """One verified container's row of the summary, from its report."""
+    torch = r.get('torch') or {}
+    ok = bool(r.get('ok'))
+    return {
+        'host': r.get('host'), 'node': r.get('node'), 'vmid': r.get('vmid'), 'profile': r.get('profile'),
+        'state': 'verified' if ok else 'failed', 'ok': ok, 'torch_version': torch.get('torch_version'),
+        'cuda_version': torch.get('cuda_version'), 'cuda_available': torch.get('cuda_available'),
+        'devices_seen': torch.get('device_count'), 'devices_expected': (r.get('expected') or {}).get('device_count'),
+        'failures': ['{0}: expected {1}, got {2}'.format(f.get('check'), f.get('expected'), f.get('actual'))
+                     for f in torch.get('failures') or []] or ([] if ok else problems(r.get('audit'), r.get('torch'))),
+        'venv_findings': audit_count((r.get('audit') or {}).get('findings')),
+    }
+
+
+# Why a container of the fleet was not verified, by its state.
+NOT_VERIFIED = {
+    'missing': 'CT {vmid} does not exist on {node}',
+    'stopped': 'CT {vmid} on {node} is {status}, not running',
+    'unreached': 'CT {vmid} runs on {node} but was not verified: it was unreachable or an earlier task failed on it',
+    'unread': 'CT {vmid} was not read through the API: the containers stage did not run or failed',
+}
+
+
+def found(container, as_found):
+    """A container's status as lxc_container's result says: as it was found (check mode, or a read-only run: a
+    container the run would create is absent, one it would start is stopped, one it would shut down runs), or as
+    the run left it."""
+    if container is None:
+        return None
+    if as_found:
+        if container.get('created'):
+            return 'absent'
+        if container.get('power') in ('start', 'shutdown'):
+            return 'stopped' if container['power'] == 'start' else 'running'
+    return container.get('status') or 'absent'
+
+
+def fleet(reports, containers, reconcile, run=None, check_mode=False):
+    """The fleet's verification as one verdict over every container of the fleet definition, not only the ones
+    this run reached. reports: the verify role's reports of this run (others, from an earlier run, are ignored
+    where run is given); containers: the fleet definition's entries; reconcile: gpu_container's lxc_container
+    result (what the API said of each container; read-only where checked_only). Each container is verified,
+    failed (its own findings), missing, stopped, unreached (running, but no report of this run) or unread (the API
+    was not read). Containers that the fleet declares stopped are listed and not counted, unless they are missing."""
+    run = run or {}
+    mine = [r for r in reports or [] if isinstance(r, dict) and (not run.get('id') or r.get('run') == run['id'])]
+    by_host = dict((r.get('host'), r) for r in mine)
+    read = dict((c.get('vmid'), c) for c in (reconcile or {}).get('containers') or [])
+    as_found = bool(check_mode or (reconcile or {}).get('checked_only'))
+    rows, seen = [], set()
+    for entry in containers or []:
+        declared = entry.get('state') or 'started'
+        if declared == 'absent':
+            continue
+        host, vmid = entry.get('hostname'), entry.get('vmid')
+        seen.add(host)
+        if host in by_host:
+            rows.append(dict(_row(by_host[host]), expected=True))
+            continue
+        c = read.get(vmid)
+        status = found(c, as_found)
+        node = (c or {}).get('node') or entry.get('node')
+        if c is None:
+            state = 'unread'
+        elif status == 'absent':
+            state = 'missing'
+        elif status != 'running':
+            state = 'stopped'
+        else:
+            state = 'unreached'
+        why = NOT_VERIFIED[state].format(vmid=vmid, node=node, status=status)
+        expected = declared != 'stopped' or state == 'missing'
+        rows.append({'host': host, 'node': node, 'vmid': vmid, 'profile': entry.get('profile'), 'state': state,
+                     'ok': False if expected else None, 'expected': expected, 'why': why,
+                     'failures': [why] if expected else []})
+    rows.extend(dict(_row(r), expected=True) for h, r in sorted(by_host.items()) if h not in seen)
+    counted = [row for row in rows if row['expected']]
+    verified = sum(1 for row in counted if row['state'] == 'verified')
+    bad = [row for row in counted if row['state'] != 'verified']
+    verdict = 'verified {0} of {1} container(s)'.format(verified, len(counted))
+    if bad:
+        verdict += ': ' + '; '.join('{0} (CT {1} on {2}): {3}'.format(row['host'], row['vmid'], row['node'],
+                                                                      row['state']) for row in bad)
+    return {'run': run, 'mode': 'check' if check_mode else 'verify', 'ok': bool(counted) and not bad,
+            'verified': verified, 'expected': len(counted), 'verdict': verdict,
+            'fleet': [row['host'] for row in rows], 'containers': rows}

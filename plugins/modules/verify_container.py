@@ -102,6 +102,10 @@ options:
   vmid:
     description: The container's VMID, for the report.
     type: int
+  run:
+    description:
+      - The id of the run, kept in the report, so that the fleet's verdict counts only the reports of its own run.
+    type: str
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -167,6 +171,6 @@ ansible_facts:
         and C(age_s)).
       type: dict
     verify_report:
-      description: The container's report - host, node, vmid, profile, ok, expected, torch, audit.
+      description: The container's report - host, node, vmid, run, profile, ok, expected, torch, audit.
       type: dict
 '''

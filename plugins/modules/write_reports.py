@@ -30,6 +30,12 @@ options:
     description: File name (without C(.json), no C(/)) to the data to write.
     type: dict
     required: true
+  prune:
+    description:
+      - Remove every other C(*.json) file directly in O(dir) (reports an earlier run wrote and this one did not),
+        so that no report there can be read as this run's. Subdirectories and other files are left alone.
+    type: bool
+    default: false
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -50,6 +56,11 @@ EXAMPLES = r'''
 RETURN = r'''
 written:
   description: The paths written, in file name order.
+  returned: success
+  type: list
+  elements: str
+removed:
+  description: The earlier reports removed with O(prune), in file name order.
   returned: success
   type: list
   elements: str

@@ -54,7 +54,7 @@ def test_up_provisions_and_tells_what_it_verified(fleet):
     assert (row['host'], row['vmid'], row['ok'], row['torch_version'], row['drift']) == ('cli-a', VMID, True,
                                                                                          '2.13.0+cpu', [])
     assert up['hosts']['cli-a']['failures'] == 0 and up['hosts']['pve1']['unreachable'] == 0
-    assert up['verdict'] == 'clean: 1 container(s) verified'
+    assert up['verdict'] == 'clean: verified 1 of 1 container(s)'
     assert os.path.isfile(os.path.join(up['reports'], 'cli-a.json'))
 
 
@@ -62,7 +62,7 @@ def test_drift_exit_codes_check_then_fix(fleet):
     pve = fleet['pve']
     clean = gpufleet(fleet['home'], fleet['file'], 'drift')
     assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
-    assert 'clean: 1 container(s), no drift' in clean.stdout
+    assert 'clean: verified 1 of 1 container(s), no drift' in clean.stdout
 
     pve.ct(VMID).config.put(cores=2)  # the fleet says 1
     found = gpufleet(fleet['home'], fleet['file'], 'drift', '--json')
@@ -87,7 +87,8 @@ def test_drift_exit_codes_check_then_fix(fleet):
 def test_a_failed_verification_is_an_error(fleet):
     done = gpufleet(fleet['home'], fleet['file'], 'verify', '--json', '-e', '{"verify_expect": {"torch_version": "9.9"}}')
     result = as_json(done)
-    assert done.returncode == 1 and result['verdict'] == 'error: failed on cli-a'
+    assert done.returncode == 1 and result['verdict'] == \
+        'error: failed on cli-a; verified 0 of 1 container(s): cli-a (CT {0} on pve1): failed'.format(VMID)
     (row,) = result['containers']
     assert row['ok'] is False and row['failures'] == ['torch_version: expected 9.9, got 2.13.0+cpu']
 
@@ -176,3 +177,32 @@ def test_awx_job_model_transmit_worker_process_matches_a_direct_run(fleet, tmp_p
     assert runs['streamed'][:2] == runs['direct'][:2] == ('successful', '0')
     assert len(runs['direct'][2]) > 50
     assert runs['streamed'][2] == runs['direct'][2]
+
+
+def test_verify_judges_the_whole_fleet_not_only_what_it_reached(fleet, tmp_path):
+    """A stopped container, then none at all: verify fails, names each container of the fleet with its state, and
+    no report of an earlier run is left to read as current (issue: verify said clean with the fleet gone)."""
+    pve, reports = fleet['pve'], tmp_path / 'reports'
+    reports.mkdir()
+    (reports / 'cli-a.json').write_text('{"ok": true}')  # an earlier run's report
+    (reports / 'summary.json').write_text('{"ok": true}')
+    pve.ok(pve.ct(VMID).status.stop.post())
+    for gone in ('stopped', 'missing'):
+        if gone == 'missing':
+            pve.ok(pve.ct(VMID).delete())
+        done = gpufleet(fleet['home'], fleet['file'], 'verify', '--json')
+        result = as_json(done)
+        assert done.returncode == 1, result['verdict']
+        assert result['verdict'].endswith('verified 0 of 1 container(s): cli-a (CT {0} on pve1): {1}'.format(VMID, gone))
+        (row,) = result['containers']
+        assert (row['host'], row['state'], row['ok']) == ('cli-a', gone, False)
+        # The playbook alone, as a cron job would run it: it fails, and summary.json is this run's.
+        env = dict(os.environ, GPUFLEET_REPORT_DIR=str(reports), PATH=BIN + ':' + os.environ['PATH'])
+        plain = subprocess.run([os.path.join(BIN, 'ansible-playbook'), '-i', 'inventories/lab', '-e',
+                                '@' + str(fleet['file']), 'playbooks/verify.yml'], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=900)
+        assert plain.returncode != 0
+        summary = json.loads((reports / 'summary.json').read_text())
+        assert summary['ok'] is False and (summary['verified'], summary['expected']) == (0, 1)
+        assert summary['containers'][0]['state'] == gone and summary['run']['id']
+        assert sorted(os.listdir(reports)) == ['summary.json']  # cli-a.json of the earlier run is gone

@@ -38,3 +38,18 @@ def test_a_name_that_is_not_a_file_name_is_refused_before_writing(tmp_path):
     msg = r.task(0)['msg']
     assert msg.startswith('reports: not a file name:') and "'../escape'" in msg and "'.hidden'" in msg
     assert not (tmp_path / 'out').exists() and not (tmp_path / 'escape.json').exists()
+
+
+def test_prune_removes_the_reports_of_earlier_runs_only(tmp_path):
+    out = tmp_path / 'out'
+    (out / 'drift').mkdir(parents=True)
+    for name in ('gone.json', 'a.json', 'notes.txt', 'drift/summary.json'):
+        (out / name).write_text('{}')
+    task = {'gpufleet.proxmox.write_reports': {'dir': str(out), 'reports': {'a': {'ok': True}, 'summary': {}},
+                                               'prune': True}, 'register': 'r'}
+    r = run_playbook([{'hosts': 'localhost', 'gather_facts': False, 'tasks': [task]}], tmp_path, inventory='localhost,')
+    assert r.rc == 0, r.stdout[-2000:]
+    assert not r.task(0).get('failed') and r.task(0)['removed'] == [str(out / 'gone.json')]
+    assert sorted(os.listdir(out)) == ['a.json', 'drift', 'notes.txt', 'summary.json']
+    assert json.loads((out / 'a.json').read_text()) == {'ok': True}
+    assert (out / 'drift' / 'summary.json').exists()

@@ -4,7 +4,8 @@ import pytest
 
 from gpufleet.cli import fleet, secrets
 
-ROW = {'host': 'train-0', 'node': 'pve1', 'vmid': 200, 'ok': True, 'torch_version': '2.11.0+cu128'}
+ROW = {'host': 'train-0', 'node': 'pve1', 'vmid': 200, 'ok': True, 'state': 'verified', 'torch_version': '2.11.0+cu128'}
+FLEET = {'ok': True, 'verified': 1, 'expected': 1, 'verdict': 'verified 1 of 1 container(s)', 'containers': [ROW]}
 ITEM = {'stage': 'container', 'item': 'cores', 'detail': 'config cores differs', 'before': 2, 'after': 1}
 
 
@@ -15,7 +16,7 @@ def stats(**kinds):
 
 
 @pytest.mark.parametrize('kinds, drift, rc, code, verdict', [
-    ({}, None, 0, 0, 'clean: 1 container(s) verified'),
+    ({}, None, 0, 0, 'clean: verified 1 of 1 container(s)'),
     ({}, {'drift': True, 'count': 1, 'containers': {'train-0': [ITEM]}, 'nodes': {'pve1': []}}, 0, 2,
      'drift: 1 item(s) found; `gpufleet drift --fix` repairs them'),
     ({'failures': {'train-0': 1}}, {'drift': True, 'count': 1}, 2, 1, 'error: failed on train-0'),
@@ -23,20 +24,40 @@ def stats(**kinds):
 ])
 def test_exit_code_precedence(kinds, drift, rc, code, verdict):
     out = fleet.outcome('verify' if drift is None else 'drift', False, 'successful', rc, stats(**kinds),
-                        {'containers': [ROW]}, drift)
+                        FLEET, drift)
     assert (out['exit_code'], out['verdict']) == (code, verdict)
 
 
 def test_no_stats_is_an_error_and_rows_join_verification_with_drift():
     assert fleet.outcome('up', False, 'failed', 1, None, None, None)['verdict'] == \
         'error: ansible-playbook exited 1 (failed)'
-    out = fleet.outcome('drift', True, 'successful', 0, stats(), {'containers': [ROW]},
+    out = fleet.outcome('drift', True, 'successful', 0, stats(), FLEET,
                         {'drift': True, 'count': 2, 'containers': {'train-0': [ITEM], 'util-0': [ITEM]},
                          'nodes': {'pve1': []}})
     assert out['verdict'] == 'drift: 2 item(s) repaired, and the fleet verified' and out['command'] == 'drift --fix'
     assert [(r['host'], r['ok'], len(r['drift'])) for r in out['containers']] == [('train-0', True, 1),
                                                                                  ('util-0', None, 1)]
     assert out['nodes'] == {} and out['hosts']['train-0']['ok'] == 30
+
+
+def test_never_clean_unless_the_whole_fleet_was_verified():
+    gone = {'host': 'train-1', 'node': 'pve1', 'vmid': 201, 'state': 'missing', 'ok': False, 'expected': True,
+            'why': 'CT 201 does not exist on pve1', 'failures': ['CT 201 does not exist on pve1']}
+    half = dict(FLEET, ok=False, expected=2, containers=[ROW, gone],
+                verdict='verified 1 of 2 container(s): train-1 (CT 201 on pve1): missing')
+    out = fleet.outcome('verify', False, 'successful', 0, stats(), half, None)
+    assert (out['exit_code'], out['verdict']) == (1, 'error: verified 1 of 2 container(s): train-1 (CT 201 on pve1): missing')
+    assert [(r['host'], r['state']) for r in out['containers']] == [('train-0', 'verified'), ('train-1', 'missing')]
+    # The play failed too (the fleet's verdict fails localhost): the verdict names the fleet's gaps either way.
+    out = fleet.outcome('verify', False, 'failed', 2, stats(failures={'localhost': 1}), half, None)
+    assert out['verdict'] == 'error: failed on localhost; verified 1 of 2 container(s): train-1 (CT 201 on pve1): missing'
+    # An empty fleet, no summary, or a summary another run wrote: never clean.
+    empty = {'ok': False, 'verified': 0, 'expected': 0, 'verdict': 'verified 0 of 0 container(s)', 'containers': []}
+    assert fleet.outcome('verify', False, 'successful', 0, stats(), empty, None)['exit_code'] == 1
+    assert fleet.outcome('verify', False, 'successful', 0, stats(), None, None)['verdict'].startswith(
+        'error: the run wrote no verdict')
+    assert fleet.this_run(dict(FLEET, run={'id': 'old'}), 'new') is None
+    assert fleet.this_run(dict(FLEET, run={'id': 'new'}), 'new')['ok'] is True
 
 
 def test_scrubber_masks_plain_and_json_escaped_forms_longest_first(tmp_path):

@@ -232,3 +232,45 @@ def test_a_failed_audit_names_each_set_of_claimants_once():
     assert _venv_build.summary(findings) == (
         '3 files (nvidia/nccl/include/a.h, nvidia/nccl/include/b.h, ...) are claimed by nvidia-nccl-cu12, '
         'nvidia-nccl-cu13; x/__init__.py is claimed by x, y')
+
+
+def _ct(vmid, status, **extra):
+    return dict({'vmid': vmid, 'node': 'pve1', 'status': status}, **extra)
+
+
+def test_the_fleet_verdict_covers_every_container_of_the_definition():
+    fleet = [{'vmid': 201, 'hostname': 'a', 'node': 'pve1'}, {'vmid': 202, 'hostname': 'b', 'node': 'pve1'},
+             {'vmid': 203, 'hostname': 'c', 'node': 'pve1'}, {'vmid': 204, 'hostname': 'd', 'node': 'pve1'},
+             {'vmid': 205, 'hostname': 'e', 'node': 'pve1', 'state': 'stopped'},
+             {'vmid': 206, 'hostname': 'f', 'node': 'pve1', 'state': 'absent'}]
+    # A read-only run (verify.yml): a container the check would create is missing, one it would start is stopped.
+    read = {'checked_only': True, 'containers': [
+        _ct(201, 'running'), _ct(202, 'running', created=True), _ct(203, 'running', power='start'),
+        _ct(204, 'running'), _ct(205, 'stopped'), _ct(206, 'absent')]}
+    good = {'host': 'a', 'node': 'pve1', 'vmid': 201, 'run': 'r1', 'ok': True, 'expected': {'device_count': 0},
+            'torch': {'torch_version': '2.11.0', 'failures': []}, 'audit': {'healthy': True, 'findings': {}}}
+    stale = dict(good, host='d', vmid=204, run='r0')
+    out = _verify_role.fleet([good, stale], fleet, read, {'id': 'r1', 'started': 't'})
+    assert [(r['host'], r['state'], r['ok']) for r in out['containers']] == [
+        ('a', 'verified', True), ('b', 'missing', False), ('c', 'stopped', False), ('d', 'unreached', False),
+        ('e', 'stopped', None)]
+    assert (out['ok'], out['verified'], out['expected'], out['run']['id']) == (False, 1, 4, 'r1')
+    assert out['verdict'] == ('verified 1 of 4 container(s): b (CT 202 on pve1): missing; '
+                              'c (CT 203 on pve1): stopped; d (CT 204 on pve1): unreached')
+    assert out['containers'][1]['why'] == 'CT 202 does not exist on pve1'
+    # Every container of the fleet gone (the lab reset): nothing verified, never ok.
+    gone = {'checked_only': True, 'containers': [_ct(e['vmid'], 'running', created=True) for e in fleet[:5]]}
+    out = _verify_role.fleet([], fleet, gone, {'id': 'r2'})
+    assert not out['ok'] and out['verified'] == 0 and out['expected'] == 5
+    assert set(r['state'] for r in out['containers']) == {'missing'}
+    # A site run (not read-only) judges the containers as it left them; the API not read at all: unread.
+    done = {'containers': [_ct(201, 'running', created=True)]}
+    assert _verify_role.fleet([dict(good, run=None)], fleet[:1], done)['ok'] is True
+    assert _verify_role.fleet([], fleet[:1], {})['containers'][0]['state'] == 'unread'
+    assert _verify_role.fleet([], [], {})['ok'] is False  # an empty fleet is not a verified one
+
+
+def test_drift_names_the_containers_that_run_but_were_not_verified():
+    fleet = {'containers': [{'host': 'a', 'state': 'verified'}, {'host': 'd', 'state': 'unreached', 'why': 'w'},
+                            {'host': 'b', 'state': 'missing', 'why': 'm'}]}
+    assert _drift.unverified(fleet) == {'d': [{'stage': 'verify', 'item': 'unreached', 'detail': 'w'}]}

@@ -1,8 +1,9 @@
 """`gpufleet up`, `gpufleet drift [--fix]` and `gpufleet verify`: the collection's playbooks run through
 ansible-runner, with live progress, a table per container at the end (or --json), and exit codes for cron:
 
-    0  clean: the run succeeded and found no drift
-    1  error: a task failed (a repair, a verification) or the run could not start
+    0  clean: the run succeeded, found no drift and verified every container of the fleet definition
+    1  error: a task failed (a repair, a verification), a container of the fleet is missing, stopped or was
+       not verified, or the run could not start
     2  drift found (with --fix: found and repaired, and the fleet verified)
     4  hosts unreachable
 
@@ -84,7 +85,10 @@ def host_stats(stats):
 
 
 def outcome(command, fix, runner_status, rc, stats, verified, drift):
-    """The run's result from what ansible-runner and the reports say: rows per container, exit code, verdict."""
+    """The run's result from what ansible-runner and the reports say: rows per container, exit code, verdict.
+
+    verified is the fleet's verdict (summary.json of this run): a row for every container of the fleet definition,
+    reached or not. The run is clean only when it verified every one of them."""
     hosts = host_stats(stats)
     containers = {}
     for row in (verified or {}).get('containers') or []:
@@ -96,22 +100,34 @@ def outcome(command, fix, runner_status, rc, stats, verified, drift):
     failed = sorted(h for h, s in hosts.items() if s['failures'])
     drift_found = bool((drift or {}).get('drift'))
     count = (drift or {}).get('count', 0)
+    judged = (verified or {}).get('expected') is not None
+    fleet = 'verified {0} of {1} container(s)'.format((verified or {}).get('verified', 0), (verified or {}).get('expected'))
     if unreachable:
         code, verdict = UNREACHABLE, 'unreachable: ' + ', '.join(unreachable)
     elif failed or rc != 0 or stats is None:
         code = ERROR
         verdict = 'error: ' + ('failed on ' + ', '.join(failed) if failed else
                                'ansible-playbook exited {0} ({1})'.format(rc, runner_status))
+        if judged and not verified.get('ok'):
+            verdict += '; ' + verified['verdict']
     elif drift_found:
         code, verdict = DRIFT, 'drift: {0} item(s){1}'.format(count, ' repaired, and the fleet verified' if fix else
                                                               ' found; `gpufleet drift --fix` repairs them')
+    elif not judged:
+        code, verdict = ERROR, 'error: the run wrote no verdict on the fleet (its summary.json is missing or unjudged)'
+    elif not verified.get('ok'):
+        code, verdict = ERROR, 'error: ' + verified['verdict']
     else:
         code = CLEAN
-        verdict = 'clean: {0} container(s){1}'.format(
-            len(containers), ', no drift' if command == 'drift' else (' verified' if verified else ''))
+        verdict = 'clean: {0}{1}'.format(fleet, ', no drift' if command == 'drift' else '')
     return {'command': command + (' --fix' if fix else ''), 'exit_code': code, 'verdict': verdict,
             'status': runner_status, 'rc': rc, 'drift': drift_found, 'drift_count': count, 'hosts': hosts,
             'nodes': nodes, 'containers': [containers[h] for h in sorted(containers)]}
+
+
+def this_run(summary, ident):
+    """A report of this run (its run.id is ident), else None: the CLI never reads another run's verdict."""
+    return summary if isinstance(summary, dict) and (summary.get('run') or {}).get('id') == ident else None
 
 
 def run(args):
@@ -121,7 +137,8 @@ def run(args):
     home = private_dir(os.path.abspath(os.path.expanduser(args.artifacts or default_home())))
     ident = '{0}-{1}-{2}'.format(time.strftime('%Y%m%dT%H%M%S'), args.command, os.getpid())
     reports = os.path.join(home, 'artifacts', ident, 'reports')
-    env = dict(os.environ, PATH=bin_dir() + os.pathsep + os.environ.get('PATH', ''), GPUFLEET_REPORT_DIR=reports)
+    env = dict(os.environ, PATH=bin_dir() + os.pathsep + os.environ.get('PATH', ''), GPUFLEET_REPORT_DIR=reports,
+               GPUFLEET_RUN_ID=ident)
     values, error = gather_secrets(args, env)
     scrubber = secrets.Scrubber(values)
     if error:
@@ -136,9 +153,10 @@ def run(args):
         r = ansible_runner.run(
             private_data_dir=home, project_dir=os.getcwd(), ident=ident, playbook=PLAYBOOKS[args.command],
             cmdline=shlex.join(cmdline), limit=args.limit, forks=args.forks, verbosity=args.verbose or None,
-            envvars={'PATH': env['PATH'], 'GPUFLEET_REPORT_DIR': reports}, quiet=True,
+            envvars={'PATH': env['PATH'], 'GPUFLEET_REPORT_DIR': reports, 'GPUFLEET_RUN_ID': ident}, quiet=True,
             event_handler=progress.event, rotate_artifacts=KEEP_RUNS, suppress_env_files=True)
-    result = outcome(args.command, fix, r.status, r.rc, r.stats, read_json(os.path.join(reports, 'summary.json')),
+    result = outcome(args.command, fix, r.status, r.rc, r.stats,
+                     this_run(read_json(os.path.join(reports, 'summary.json')), ident),
                      read_json(os.path.join(reports, 'drift', 'summary.json')))
     if r.stats is None:
         tail = scrubber.text(''.join(r.stdout.readlines()[-20:]))

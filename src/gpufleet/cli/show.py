@@ -92,7 +92,11 @@ def _drift_lines(row):
 
 
 def _ok(row):
-    return '-' if row.get('ok') is None else ('yes' if row['ok'] else 'no')
+    """yes, no, or no with why where the container was not verified at all (missing, stopped, unreached)."""
+    if row.get('ok') is None:
+        return row.get('state') or '-'
+    state = row.get('state')
+    return 'yes' if row['ok'] else ('no ({0})'.format(state) if state not in (None, 'failed') else 'no')
 
 
 def render(result, console=None):
@@ -107,7 +111,7 @@ def render(result, console=None):
         for row in rows:
             table.add_row(row['host'], str(row.get('node') or '-'), str(row.get('vmid') or '-'),
                           row.get('torch_version') or '-', row.get('cuda_version') or '-', _devices(row),
-                          _ok(row) if row.get('ok') is not False else '[red]no[/red]',
+                          _ok(row) if row.get('ok') is not False else '[red]{0}[/red]'.format(_ok(row)),
                           '\n'.join(_drift_lines(row)) or '-')
         console.print(table)
     else:
