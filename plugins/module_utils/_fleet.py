@@ -14,13 +14,15 @@ __metaclass__ = type
 
 import re
 
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pvecheck
+
 # Device nodes every GPU container gets besides its /dev/nvidiaN.
 CONTROL_NODES = ('/dev/nvidiactl', '/dev/nvidia-uvm', '/dev/nvidia-uvm-tools', '/dev/nvidia-modeset')
 ENTRY_KEYS = ('vmid', 'hostname', 'node', 'gpus', 'cores', 'memory', 'swap', 'rootfs', 'net', 'template',
               'storage', 'unprivileged', 'features', 'tags', 'description', 'onboot', 'mounts', 'devices',
               'state', 'venv_profile', 'nameserver', 'searchdomain')
-HOSTNAME = re.compile(r'^(?=.{1,63}$)[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?$')
-INT_KEYS = {'cores': 1, 'memory': 16, 'swap': 0}
+# Checked against PVE's schema here (the rest after the expansion, by lxc_container's own check).
+INT_KEYS = ('cores', 'memory', 'swap')
 # devN arrived in pve-container 5.0.7, shipped with PVE 8.1.
 DEVN_SINCE = (8, 1)
 
@@ -80,8 +82,10 @@ def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, pas
         else:
             seen_vmid[vmid] = i
         host = entry.get('hostname')
-        if not isinstance(host, str) or not HOSTNAME.match(host):
-            out.append('{0}.hostname: must be a DNS label (letters, digits, hyphens), got {1!r}'.format(where, host))
+        host_problem = 'required' if host is None else (
+            'must be a string, got {0!r}'.format(host) if not isinstance(host, str) else _pvecheck.hostname_problem(host))
+        if host_problem:
+            out.append('{0}.hostname: {1}'.format(where, host_problem))
         elif host.lower() in seen_host:
             out.append('{0}.hostname: {1} is also the hostname of containers[{2}]'.format(
                 where, host, seen_host[host.lower()]))
@@ -93,10 +97,20 @@ def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, pas
         elif node not in nodes:
             out.append('{0}.node: {1} is not a node of the inventory (pve_nodes: {2})'.format(
                 where, node, ', '.join(sorted(nodes)) or 'none'))
-        for key, low in sorted(INT_KEYS.items()):
+        for key in INT_KEYS:
             value = entry.get(key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
-                out.append('{0}.{1}: must be a whole number of at least {2}, got {3!r}'.format(where, key, low, value))
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                out.append('{0}.{1}: must be a whole number, got {2!r}'.format(where, key, value))
+            elif value is not None and _pvecheck.problem(key, value):
+                out.append('{0}.{1}: {2}'.format(where, key, _pvecheck.problem(key, value)))
+        devices = entry.get('devices')
+        if devices is not None and not (isinstance(devices, list) and all(
+                isinstance(d, dict) and d.get('path') for d in devices)):
+            out.append('{0}.devices: must be a list of dicts with a path ([{{path: /dev/nvidia0}}]), got {1!r}'.format(
+                where, devices))
+        for key in ('features', 'tags'):
+            if entry.get(key) is not None and not isinstance(entry[key], list):
+                out.append('{0}.{1}: must be a list, got {2!r}'.format(where, key, entry[key]))
         for key in ('unprivileged', 'onboot'):
             if key in entry and not isinstance(entry[key], bool):
                 out.append('{0}.{1}: must be true or false, got {2!r}'.format(where, key, entry[key]))

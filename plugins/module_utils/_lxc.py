@@ -19,7 +19,7 @@ __metaclass__ = type
 import os
 import re
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pveconf
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pveconf, _pvecheck
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._pve import PveError
 
 # Per-container options (PVE's names where PVE has one).
@@ -113,7 +113,7 @@ def canonical(key, value):
         if family == 'net':
             props = dict((k, v.lower() if k == 'hwaddr' else v) for k, v in props.items())
         if key == 'features':
-            props = dict((k, '1' if v in ('1', 'true', 'on') else '0') for k, v in props.items())
+            props = dict((k, '1' if v.lower() in ('1', 'true', 'on', 'yes') else '0') for k, v in props.items())
         return props
     if key == 'tags':
         return sorted(t for t in re.split(r'[;, ]+', str(value)) if t)
@@ -149,25 +149,24 @@ def same(key, wanted, current):
 
 # -- the wanted config -------------------------------------------------------------------
 def device_value(index, dev):
+    """A devices entry as PVE's devN string; its values are checked against PVE's schema by validate()."""
     if not isinstance(dev, dict):
-        raise SpecError('devices[{0}] must be a dict with at least path'.format(index))
+        raise SpecError('devices[{0}] must be a dict with at least path (devices: [{{path: /dev/nvidia0}}]), '
+                        'got {1!r}'.format(index, dev))
     unknown = sorted(set(dev) - set(DEVICE_KEYS))
     if unknown:
         raise SpecError('devices[{0}]: unknown key(s) {1}; known: {2}'.format(
             index, ', '.join(unknown), ', '.join(DEVICE_KEYS)))
     path = dev.get('path')
-    if not path or not str(path).startswith('/dev/'):
-        raise SpecError('devices[{0}].path must be a device under /dev/, got {1!r}'.format(index, path))
+    if not path or not isinstance(path, str):
+        raise SpecError('devices[{0}].path: a device under /dev/ is required, got {1!r}'.format(index, path))
     props = {'path': path}
     if dev.get('mode') is not None:
         mode = str(dev['mode'])
-        if not re.match(r'^0?[0-7]{3,4}$', mode):
-            raise SpecError('devices[{0}].mode must be octal like 0666, got {1!r}'.format(index, dev['mode']))
-        props['mode'] = '{0:04o}'.format(int(mode, 8))
+        # 666 means 0666; anything else goes to PVE's pattern as it is
+        props['mode'] = '0' + mode if re.match(r'^[0-7]{3}$', mode) else mode
     for key in ('uid', 'gid'):
         if dev.get(key) is not None:
-            if not re.match(r'^\d+$', str(dev[key])):
-                raise SpecError('devices[{0}].{1} must be a number, got {2!r}'.format(index, key, dev[key]))
             props[key] = str(dev[key])
     if dev.get('deny_write') is not None:
         props['deny-write'] = '1' if dev['deny_write'] in (True, 1, '1', 'true', 'yes') else '0'
@@ -176,7 +175,7 @@ def device_value(index, dev):
 
 def _indexed(option, values, family):
     if not isinstance(values, dict):
-        raise SpecError('{0} must be a dict of {1}N: value'.format(option, family))
+        raise SpecError('{0} must be a dict of {1}N: value, got {2!r}'.format(option, family, values))
     out = {}
     for key, value in values.items():
         if not re.match(r'^{0}\d+$'.format(family), str(key)):
@@ -220,11 +219,47 @@ def wanted_config(spec):
         values.update(_indexed('mounts', spec['mounts'], 'mp'))
     if spec.get('devices') is not None:
         owned.add('dev')
+        if not isinstance(spec['devices'], list):
+            raise SpecError('devices must be a list of dicts (devices: [{{path: /dev/nvidia0}}]), got {0!r}'.format(
+                spec['devices']))
         for i, dev in enumerate(spec['devices']):
             values['dev{0}'.format(i)] = device_value(i, dev)
     if spec.get('rootfs') is not None:
-        values['rootfs'] = spec['rootfs']
+        values['rootfs'] = rootfs_value(spec['rootfs'], spec.get('storage'))
     return values, owned
+
+
+def rootfs_value(rootfs, storage):
+    """rootfs as PVE takes it: a bare size (8) is a new volume on `storage` (local-lvm:8)."""
+    text = str(rootfs).strip()
+    if re.match(r'^\d+(?:\.\d+)?$', text):
+        if not storage:
+            raise SpecError('rootfs: {0!r} is a size but names no storage: give STORAGE:SIZE_IN_GiB '
+                            '(local-lvm:{0}) or the storage option'.format(text))
+        return '{0}:{1}'.format(storage, text)
+    return text
+
+
+# Where a PVE config key comes from in the options, for messages.
+def option_name(key):
+    m = re.match(r'^(net|mp|dev)(\d+)$', key)
+    if m:
+        return {'net': 'net.{0}', 'mp': 'mounts.{0}', 'dev': 'devices[{1}] ({0})'}[m.group(1)].format(key, m.group(2))
+    return {'ssh-public-keys': 'ssh_public_keys'}.get(key, key)
+
+
+def volume_problem(key, value):
+    """A rootfs or mpN volume PVE cannot take: not a path (bind mount, device) and no STORAGE: in front.
+
+    pve-container src/PVE/LXC/Config.pm classify_mountpoint makes anything not starting with / a storage
+    volume, which pve-storage src/PVE/Storage.pm parse_volume_id refuses without STORAGE: in front.
+    """
+    volume = parse_props(value, 'volume').get('volume')
+    if volume is None:
+        return 'names no volume: a new one is STORAGE:SIZE_IN_GiB (local-lvm:8), got {0!r}'.format(value)
+    if not volume.startswith('/') and ':' not in volume:
+        return 'volume {0!r} names no storage: a new one is STORAGE:SIZE_IN_GiB (local-lvm:8)'.format(volume)
+    return None
 
 
 def plan_update(values, owned, current):
@@ -274,31 +309,63 @@ def plan_resize(values, current):
     return '{0:g}G'.format(want_gb)
 
 
+def spec_problems(spec):
+    """Every problem of one container definition as 'field: why', checked against PVE's schema."""
+    out = []
+    vmid = spec.get('vmid')
+    if vmid is None:
+        out.append('vmid: required')
+    else:
+        why = _pvecheck.problem('vmid', vmid)
+        if why:
+            out.append('vmid: {0}'.format(why))
+    if spec.get('hostname') is not None:
+        why = _pvecheck.hostname_problem(spec['hostname'])
+        if why:
+            out.append('hostname: {0}'.format(why))
+    for option, key in (('node', 'node'), ('ostemplate', 'ostemplate'), ('storage', 'storage'),
+                        ('ssh_public_keys', 'ssh-public-keys')):
+        if spec.get(option) is not None:
+            why = _pvecheck.problem(key, spec[option])
+            if why:
+                out.append('{0}: {1}'.format(option, why))
+    try:
+        values = wanted_config(spec)[0]
+    except SpecError as e:
+        out.append(str(e))
+        values = {}
+    for key, value in sorted(values.items(), key=lambda kv: (re.sub(r'\d+$', '', kv[0]), len(kv[0]), kv[0])):
+        if key == 'hostname':
+            continue
+        why = volume_problem(key, value) if key == 'rootfs' or key_family(key) == 'mp' else None
+        why = why or _pvecheck.problem(key, value)
+        if why:
+            out.append('{0}: {1}'.format(option_name(key), why))
+    try:
+        _pveconf.normalize(spec.get('lxc_raw'))
+    except _pveconf.RawError as e:
+        out.append(str(e))
+    return out
+
+
 def validate(specs):
-    """Check every container before anything is asked of PVE; raise SpecError naming the field."""
-    seen = {}
+    """Check every value of every container against PVE's schema before anything is asked of PVE (the
+    login included); raise SpecError naming each container (index, vmid, hostname) and field."""
+    seen, problems = {}, []
     for i, spec in enumerate(specs):
         where = 'containers[{0}]'.format(i) if len(specs) > 1 else 'container'
         vmid = spec.get('vmid')
-        if vmid is None:
-            raise SpecError('{0}: vmid is required'.format(where))
-        if not 100 <= int(vmid) <= 999999999:
-            raise SpecError('{0}: vmid {1} is out of range (100-999999999)'.format(where, vmid))
-        if vmid in seen:
-            raise SpecError('{0}: vmid {1} is also given by containers[{2}]'.format(where, vmid, seen[vmid]))
-        seen[vmid] = i
-        for key in ('cores', 'memory', 'swap'):
-            if spec.get(key) is not None and spec[key] < (0 if key == 'swap' else 1):
-                raise SpecError('{0} (vmid {1}): {2} must be positive, got {3}'.format(where, vmid, key, spec[key]))
-        if spec.get('hostname') is not None and not re.match(
-                r'^(?=.{1,253}$)[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\.[a-zA-Z0-9-]{1,63})*$', spec['hostname']):
-            raise SpecError('{0} (vmid {1}): hostname {2!r} is not a valid DNS name'.format(
-                where, vmid, spec['hostname']))
-        try:
-            wanted_config(spec)
-            _pveconf.normalize(spec.get('lxc_raw'))
-        except (SpecError, _pveconf.RawError) as e:
-            raise SpecError('{0} (vmid {1}): {2}'.format(where, vmid, e))
+        label = where if vmid is None else '{0} (vmid {1}{2})'.format(
+            where, vmid, ', hostname {0}'.format(spec['hostname']) if spec.get('hostname') else '')
+        if vmid is not None and vmid in seen:
+            problems.append('{0}: vmid {1} is also given by containers[{2}]'.format(where, vmid, seen[vmid]))
+        elif vmid is not None:
+            seen[vmid] = i
+        problems.extend('{0}: {1}'.format(label, why) for why in spec_problems(spec))
+    if len(problems) == 1:
+        raise SpecError(problems[0])
+    if problems:
+        raise SpecError('{0} problems, nothing was changed: {1}'.format(len(problems), '; '.join(problems)))
 
 
 class Reconciler(object):
@@ -520,6 +587,13 @@ class Reconciler(object):
         res['diff']['after'] = {'status': 'absent'}
         return plan
 
+    def status_now(self, plan):
+        """The container's power state read again after a failure ('unknown' where that fails too)."""
+        try:
+            return self.client.get(plan['path'] + '/status/current').get('status') or 'unknown'
+        except PveError:
+            return 'unknown'
+
     # -- phase 2: change ------------------------------------------------------------------
     def apply(self, plan):
         res = plan['res']
@@ -528,27 +602,30 @@ class Reconciler(object):
             return res
         client, node, vmid, path = self.client, plan['node'], plan['vmid'], plan['path']
         lt = self.lock_timeout
+
+        def done(action):
+            # recorded once PVE has taken the request: what follows (the task, a status poll) may still fail
+            return lambda: action in res['actions'] or res['actions'].append(action)
         if plan.get('destroy'):
             params = {'destroy-unreferenced-disks': 1}
             if plan['spec'].get('purge'):
                 params['purge'] = 1
             if plan['status'] == 'running':
                 params['force'] = 1
-            client.run_task('DELETE', path, node, 'destroy CT {0}'.format(vmid), lock_timeout=lt, **params)
-            res['actions'].append('destroy')
+            client.run_task('DELETE', path, node, 'destroy CT {0}'.format(vmid), lock_timeout=lt,
+                            accepted=done('destroy'), **params)
             return res
         if plan.get('create'):
             client.run_task('POST', 'nodes/{0}/lxc'.format(node), node, 'create CT {0}'.format(vmid),
-                            lock_timeout=lt, **plan['create'])
-            res['actions'].append('create')
+                            lock_timeout=lt, accepted=done('create'), **plan['create'])
         if plan.get('sets') or plan.get('deletes'):
             self._put_config(plan)
             res['actions'].append('config')
         if plan.get('resize'):
             upid = client.mutate('PUT', path + '/resize', lock_timeout=lt, disk='rootfs', size=plan['resize'])
+            res['actions'].append('resize')
             if upid:
                 client.wait_task(node, upid, 'resize rootfs of CT {0}'.format(vmid))
-            res['actions'].append('resize')
         if plan.get('raw') is not None:
             _pveconf.apply(plan['raw_path'], plan['raw'])
             res['actions'].append('lxc_raw')
@@ -561,8 +638,7 @@ class Reconciler(object):
         if action:
             params = {'forceStop': 1} if action == 'shutdown' else {}
             client.run_task('POST', '{0}/status/{1}'.format(path, action), node, '{0} CT {1}'.format(action, vmid),
-                            lock_timeout=lt, **params)
-            res['actions'].append(action)
+                            lock_timeout=lt, accepted=done(action), **params)
             if action == 'reboot':
                 res['restart_required'] = False
                 res['pending'] = []
@@ -582,18 +658,22 @@ def reconcile_all(client, specs, check_mode, lock_timeout=60):
     rec = Reconciler(client, check_mode, lock_timeout)
     plans = [rec.plan(spec) for spec in specs]
     results = []
-    for plan in plans:
+    for n, plan in enumerate(plans):
         try:
             results.append(rec.apply(plan))
         except PveError as e:
             e.message = 'CT {0}: {1}'.format(plan['vmid'], e.message)
-            # What was done before the failure is reported as done.
-            plan['res']['changed'] = bool(plan['res']['actions'])
-            e.done = results + [plan['res']] if plan['res']['actions'] else results
+            # What was done before the failure is reported as done, the failed container with its failure, and
+            # the containers not reached as such.
+            res = plan['res']
+            res.update(changed=bool(res['actions']), failed=True, msg=e.message)
+            if res['actions']:
+                res['status'] = rec.status_now(plan)
+            e.done = results + [res] + [dict(p['res'], changed=False, actions=[], skipped=True,
+                                             msg='not reached: CT {0} failed first'.format(plan['vmid']))
+                                        for p in plans[n + 1:]]
             raise
     return results
-
-
 def container_specs(params):
     """The containers a module call asks for: its own options, or each of `containers` on top of them."""
     from ansible.module_utils.common.arg_spec import ArgumentSpecValidator

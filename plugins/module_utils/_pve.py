@@ -46,6 +46,12 @@ TASK_LOG_LINES = 20
 LOCK_MARKERS = ('CT is locked', "can't lock file", 'VM is locked')
 
 
+def locked(message):
+    """Is this PVE's answer for a guest that is locked ("CT is locked (backup)", "can't lock file ... got timeout";
+    pve-guest-common src/PVE/AbstractConfig.pm check_lock, pve-common src/PVE/Tools.pm lock_file)?"""
+    return any(m in message for m in LOCK_MARKERS)
+
+
 class PveError(Exception):
     """A PVE answer that ends the module: message, HTTP status, per-field errors, task log lines."""
 
@@ -129,17 +135,17 @@ class PveClient(object):
 
     def mutate(self, method, path, lock_timeout=60, **params):
         """A change, retried with backoff while the guest is locked; then fails naming the lock."""
-        delay, waited = 0.25, 0.0
+        delay, started = 0.25, time.time()
         while True:
             try:
                 return self.call(method, path, **params)
             except PveError as e:
-                if not any(m in e.message for m in LOCK_MARKERS) or waited >= lock_timeout:
-                    if any(m in e.message for m in LOCK_MARKERS):
+                waited = time.time() - started
+                if not locked(e.message) or waited >= lock_timeout:
+                    if locked(e.message):
                         e.message = '{0} (still locked after {1:.0f} s of retries)'.format(e.message, waited)
                     raise
-            time.sleep(delay)
-            waited += delay
+            time.sleep(min(delay, max(lock_timeout - (time.time() - started), 0) + 0.01))
             delay = min(delay * 2, 5.0)
 
     # -- tasks --------------------------------------------------------------------------
@@ -162,9 +168,28 @@ class PveClient(object):
         lines = [entry.get('t', '') for entry in log][-TASK_LOG_LINES:]
         raise PveError('{0} failed: {1}'.format(what, exitstatus), log=lines)
 
-    def run_task(self, method, path, node, what, lock_timeout=60, **params):
-        upid = self.mutate(method, path, lock_timeout=lock_timeout, **params)
-        return self.wait_task(node, upid, what)
+    def run_task(self, method, path, node, what, lock_timeout=60, accepted=None, **params):
+        """A change that runs as a task, waited for. While the guest is locked it is retried, for lock_timeout
+        seconds in all: the request, and the task where PVE checks the lock inside it (a start, stop, shutdown
+        or reboot checks it in its worker: pve-container src/PVE/API2/LXC/Status.pm, check_lock of
+        pve-guest-common src/PVE/AbstractConfig.pm). accepted() is called once PVE has taken the request."""
+        delay, started = 0.25, time.time()
+        while True:
+            left = max(lock_timeout - (time.time() - started), 0)
+            upid = self.mutate(method, path, lock_timeout=left, **params)
+            if accepted is not None:
+                accepted()
+            try:
+                return self.wait_task(node, upid, what)
+            except PveError as e:
+                waited = time.time() - started
+                if not locked(e.message) or e.status:
+                    raise
+                if waited >= lock_timeout:
+                    e.message = '{0} (still locked after {1:.0f} s of retries)'.format(e.message, waited)
+                    raise
+            time.sleep(min(delay, max(lock_timeout - (time.time() - started), 0) + 0.01))
+            delay = min(delay * 2, 5.0)
 
     # -- cluster -------------------------------------------------------------------------
     def version(self):

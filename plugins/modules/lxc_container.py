@@ -165,7 +165,10 @@ options:
     type: list
     elements: dict
   lock_timeout:
-    description: Seconds to keep retrying a change while the container is locked (backup, snapshot, ...).
+    description:
+      - Seconds to keep retrying while the container is locked (backup, snapshot, ...) - every request that can meet
+        the lock is retried in that time, a config change, create, destroy, resize, and the start, stop, shutdown and
+        reboot tasks, which PVE fails when they find the lock.
     type: int
     default: 60
   fleet:
@@ -292,7 +295,11 @@ status:
   returned: when O(vmid) is given
   type: str
 containers:
-  description: One result per container (the keys above), in the order given.
+  description:
+    - One result per container (the keys above, and the C(actions) sent), in the order given.
+    - When the call fails after a change, the containers are here too - those done, the one that failed with
+      C(failed) and C(msg) (and C(changed) true when PVE took a request for it, as a create before its task failed),
+      and those not reached with C(skipped).
   returned: always
   type: list
   elements: dict
@@ -327,9 +334,9 @@ def argument_spec():
     spec['state'] = dict(_lxc.CONTAINER_SPEC['state'], default='present')
     for key in ('restart_on_pending', 'force', 'purge'):
         spec[key] = dict(type='bool', default=False)
-    spec['devices'] = dict(type='list', elements='dict', options=dict(
-        path=dict(type='str', required=True), mode=dict(type='str'), uid=dict(type='int'), gid=dict(type='int'),
-        deny_write=dict(type='bool')))
+    # the entries' keys are checked with every other value of the container (see _lxc.validate), so that a wrong
+    # entry is named: Ansible's own check of suboptions says only "dictionary requested"
+    spec['devices'] = dict(type='list', elements='dict')
     spec['pve_root'] = dict(type='path', default='/etc/pve')
     spec['containers'] = dict(type='list', elements='dict')
     spec['lock_timeout'] = dict(type='int', default=60)
@@ -353,8 +360,13 @@ def main():
     p = module.params
     out = {}
     try:
-        # options given directly are checked before the login; a fleet needs the cluster's version first
-        specs = None if p['fleet'] is not None else _lxc.container_specs(p)
+        # every value of every container is checked before the login; a fleet's GPUs go in by the cluster's version
+        if p['fleet'] is not None:
+            _lxc.validate(_lxc.container_specs(dict(p, containers=_fleet.plan(p['fleet'], None, True)[1])))
+            specs = None
+        else:
+            specs = _lxc.container_specs(p)
+            _lxc.validate(specs)
         client = _pve.PveClient(p)
         if specs is None:
             out['pve_version'] = client.version().get('version')
@@ -369,6 +381,8 @@ def main():
         module.fail_json(msg=str(e), changed=False, **out)
     except _pve.PveError as e:
         done = getattr(e, 'done', [])
+        for r in done:
+            r.pop('diff', None)
         module.fail_json(changed=any(r['changed'] for r in done), containers=done, **dict(out, **e.result()))
     out.update(changed=any(r['changed'] for r in results), containers=results, api_requests=client.requests,
                changed_keys=sorted(set(k for r in results for k in r['changed_keys'])),

@@ -31,6 +31,12 @@ def done(play, task, *args, **kwargs):
     return res
 
 
+def changes_to(control, *vmids):
+    """The mutating requests the lab saw for these containers (other tests may share the lab meanwhile)."""
+    return [r for r in control.mutating_requests() for v in vmids
+            if '/lxc/{0}/'.format(v) in r[1] + '/' or r[1].endswith('/lxc') and 'vmid={0}'.format(v) in r[2]]
+
+
 def props(text, default_key):
     """A PVE property string as a dict, the value without a key under default_key."""
     out = {}
@@ -49,7 +55,7 @@ def test_create_in_check_mode_changes_nothing(play, pve, control):
     assert res['diff']['before'] == {'status': 'absent'}
     assert res['diff']['after']['cores'] == 2 and res['diff']['after']['dev0'] == 'path=/dev/nvidia0'
     assert res['diff']['after']['status'] == 'running'
-    assert control.mutating_requests() == []
+    assert changes_to(control, 961) == []
     assert 961 not in [g['vmid'] for g in pve.api.cluster.resources.get(type='vm')]
 
 
@@ -84,7 +90,7 @@ def test_every_option_applied_then_second_run_changes_nothing(play, pve, control
     second = done(play, task, '--diff')
     assert second['changed'] is False, second['diff']
     assert second['changed_keys'] == []
-    assert control.mutating_requests() == []
+    assert changes_to(control, 962) == []
     # a no-op costs the login and one config read (the node is known, the status from one cluster read)
     assert second['api_requests'] <= 3
 
@@ -101,10 +107,10 @@ def test_update_diff_shows_removals_and_check_mode_sends_nothing(play, pve, cont
     assert check['diff']['before']['cores'] == 1 and check['diff']['after']['cores'] == 2
     assert 'dev0' not in check['diff']['after']  # unchanged keys are not in the diff
     assert sorted(check['changed_keys']) == ['cores', 'dev1', 'features']
-    assert control.mutating_requests() == []
+    assert changes_to(control, 963) == []
     real = only(play, task)
     assert real['changed'] and not real.get('failed'), real
-    puts = [r for r in control.mutating_requests() if r[0] == 'PUT']
+    puts = [r for r in changes_to(control, 963) if r[0] == 'PUT']
     assert len(puts) == 1 and 'digest=' in puts[0][2] and 'delete=dev1' in puts[0][2]
     cfg = pve.ct(963).config.get()
     assert 'dev1' not in cfg and cfg['features'] == 'nesting=1' and cfg['cores'] == 2
@@ -159,7 +165,7 @@ def test_absent_refuses_a_running_container_without_force(play, pve, control):
     control.clear_requests()
     refused = only(play, {'gpufleet.proxmox.lxc_container': {'vmid': 968, 'state': 'absent'}, 'ignore_errors': True})
     assert refused.get('failed') and 'force: true' in refused['msg']
-    assert control.mutating_requests() == [] and pve.status(968) == 'running'
+    assert changes_to(control, 968) == [] and pve.status(968) == 'running'
     gone = only(play, {'gpufleet.proxmox.lxc_container': {'vmid': 968, 'state': 'absent', 'force': True,
                                                           'purge': True}})
     assert gone['changed'] and not gone.get('failed'), gone
@@ -173,7 +179,7 @@ def test_token_with_devn_is_refused_before_any_change(play, pve, control):
     res = only(play, ct(969, cores=2, devices=[{'path': '/dev/nvidia0'}]), token=True)
     assert res.get('failed')
     assert 'root@pam' in res['msg'] and 'dev0' in res['msg'] and 'API token' in res['msg']
-    assert control.mutating_requests() == []
+    assert changes_to(control, 969) == []
     assert pve.ct(969).config.get()['cores'] == 1
     ok = only(play, ct(969, cores=2), token=True)
     assert ok['changed'] and not ok.get('failed') and pve.ct(969).config.get()['cores'] == 2
@@ -194,6 +200,45 @@ def test_locked_container_is_retried_then_given_up_on(play, pve, control):
     assert res['changed'] and not res.get('failed'), res
     assert time.monotonic() - started >= 1.5
     assert pve.ct(970).config.get()['cores'] == 2
+
+
+def test_start_waits_for_a_backup_lock_to_go(play, pve, control):
+    """PVE checks the lock inside the start task (the request is taken, the task fails): the start is retried."""
+    pve.create(940)
+    control.lock(940, 'backup')
+    try:
+        gave_up = only(play, ct(940, state='started', lock_timeout=2))
+    finally:
+        control.lock(940, None)
+    assert gave_up.get('failed'), gave_up
+    assert 'CT is locked (backup)' in gave_up['msg'] and 'still locked after' in gave_up['msg']
+    assert pve.status(940) == 'stopped'
+    control.lock(940, 'backup')
+    timer = threading.Timer(2.0, control.lock, (940, None))
+    timer.start()
+    started = time.monotonic()
+    try:
+        res = only(play, ct(940, state='started', lock_timeout=30))
+    finally:
+        timer.join()
+    assert not res.get('failed'), res.get('msg')
+    assert res['changed'] and res['status'] == 'running' and res['containers'][0]['actions'] == ['start']
+    assert time.monotonic() - started >= 2.0
+    assert pve.status(940) == 'running'
+
+
+def test_a_failure_after_a_create_reports_the_create(play, pve, control):
+    """PVE took the create, then one task-status poll failed: the result says the container was created."""
+    pve.made.append(941)
+    # one failure, taken by the create's first poll (failures of others' tests are left alone)
+    control.fail('GET', '/nodes/{node}/tasks/{upid}/status', status=500, message='proxy lost', times=1)
+    res = only(play, ct(941, hostname='c941', state='started'))
+    assert res.get('failed') and 'CT 941' in res['msg'] and 'proxy lost' in res['msg'], res.get('msg')
+    assert res['changed'] is True
+    [one] = res['containers']
+    assert one['vmid'] == 941 and one['created'] and one['actions'] == ['create'] and one['changed'] is True
+    assert one['failed'] and 'proxy lost' in one['msg'] and one['status'] in ('stopped', 'unknown')
+    assert 941 in [g['vmid'] for g in pve.api.cluster.resources.get(type='vm')]
 
 
 def test_failed_task_is_surfaced_with_its_log(play, pve):
@@ -220,7 +265,7 @@ def test_fleet_in_one_call(play, pve, control):
     second = play([task]).task(0)
     assert not second.get('failed'), second.get('msg')
     assert second['changed'] is False
-    assert control.mutating_requests() == []
+    assert changes_to(control, 972, 973, 974) == []
     # one login, one read of the cluster's guests, one config read per container
     assert second['api_requests'] == 2 + len(fleet)
 
@@ -230,7 +275,7 @@ def test_unprivileged_cannot_flip_and_nothing_changes(play, pve, control):
     control.clear_requests()
     res = only(play, ct(975, unprivileged=False, cores=2))
     assert res.get('failed') and 'unprivileged' in res['msg'] and 'cannot change' in res['msg']
-    assert control.mutating_requests() == []
+    assert changes_to(control, 975) == []
 
 
 def test_rootfs_grows_but_never_shrinks(play, pve):
@@ -244,13 +289,24 @@ def test_rootfs_grows_but_never_shrinks(play, pve):
 
 BAD = [
     ({'hostname': 'bad_name!'}, 'hostname'),
-    ({'devices': [{'path': '/etc/passwd'}]}, 'devices[0].path'),
-    ({'devices': [{'path': '/dev/nvidia0', 'mode': 'rwx'}]}, 'devices[0].mode'),
+    ({'devices': [{'path': '/etc/passwd'}]}, 'devices[0] (dev0): path'),
+    ({'devices': [{'path': '/dev/nvidia0', 'mode': 'rwx'}]}, 'devices[0] (dev0): mode'),
     ({'features': ['nesting']}, 'features'),
     ({'net': {'eth0': 'bridge=vmbr0'}}, 'net'),
     ({'mounts': {'disk0': '/srv,mp=/srv'}}, 'mounts'),
     ({'memory': 0}, 'memory'),
     ({'vmid': 42}, 'vmid'),
+    # What PVE's own parameter check refuses (lxc_container used to send them and fail half-way through a fleet)
+    ({'features': ['foo=1']}, "features: unknown key 'foo'"),
+    ({'net': {'net0': 'name=eth0,bridge=vmbr0,ipp=dhcp'}}, "net.net0: unknown key 'ipp'"),
+    ({'net': {'net0': 'name=eth0,bridge=vmbr0,ip=10.0.0.300/24'}}, 'net.net0: ip:'),
+    # the lab's fakepve does not check pve-lxc-dev-string: it made a container with this path; real PVE
+    # (pve-container src/PVE/LXC/Config.pm verify_lxc_dev_string) refuses it, and so does lxc_container
+    ({'devices': [{'path': '/dev/../etc/shadow'}]}, 'devices[0] (dev0): path'),
+    ({'devices': [{'path': '/dev/nvidia0', 'mode': '4755'}]}, 'devices[0] (dev0): mode'),
+    ({'memory': 8}, 'memory: must be a whole number of at least 16'),
+    ({'rootfs': '8', 'storage': None}, "rootfs: '8' is a size but names no storage"),
+    ({'rootfs': 'size=8G'}, 'rootfs: names no volume'),
 ]
 
 
@@ -259,9 +315,49 @@ def test_bad_input_names_the_field_and_changes_nothing(play, pve, control, bad, 
     control.clear_requests()
     options = dict(hostname='ok977')
     options.update(bad)
-    res = only(play, ct(options.pop('vmid', 977), **options))
+    vmid = options.pop('vmid', 977)
+    res = only(play, ct(vmid, **options))
     assert res.get('failed') and field in res['msg'], res.get('msg')
-    assert control.mutating_requests() == []
+    assert 'vmid {0}'.format(vmid) in res['msg']
+    assert changes_to(control, 977, 978, 979) == []
+    assert 977 not in [g['vmid'] for g in pve.api.cluster.resources.get(type='vm')]
+
+
+def test_a_device_given_as_a_string_is_named(play, pve, control):
+    control.clear_requests()
+    top = only(play, ct(977, devices=['/dev/nvidia0']))
+    assert top.get('failed') and "option 'devices'" in top['msg'], top.get('msg')
+    many = only(play, {'gpufleet.proxmox.lxc_container': {'node': 'pve1', 'ostemplate': TEMPLATE, 'containers': [
+        {'vmid': 977, 'hostname': 'a977'}, {'vmid': 978, 'hostname': 'b978', 'devices': ['/dev/nvidia0']}]},
+        'ignore_errors': True})
+    assert many.get('failed') and 'containers[1]' in many['msg'] and 'devices' in many['msg'], many.get('msg')
+    assert changes_to(control, 977, 978, 979) == []
+
+
+def test_bad_input_is_reported_before_the_login(play, pve, control):
+    """An option error needs no API: it is reported even when the API cannot be reached."""
+    away = dict(api_host='127.0.0.1', api_port=9)
+    res = only(play, ct(977, hostname='ok977', memory=8, **away))
+    assert res.get('failed') and 'memory: must be a whole number of at least 16' in res['msg'], res.get('msg')
+    fleet = {'containers': [{'vmid': 977, 'hostname': 'ok977', 'node': 'pve1', 'devices': [{'path': '/dev/../x'}]}],
+             'nodes': {'pve1': [0]}, 'defaults': {'ostemplate': TEMPLATE, 'storage': 'local-lvm'}}
+    res = only(play, {'gpufleet.proxmox.lxc_container': dict(fleet=fleet, **away), 'ignore_errors': True})
+    assert res.get('failed') and 'devices[0] (dev0): path' in res['msg'], res.get('msg')
+    # the same call with good options does try the API, and says it cannot log in
+    res = only(play, ct(977, hostname='ok977', **away))
+    assert res.get('failed') and 'cannot log in' in res['msg'], res.get('msg')
+
+
+def test_a_bad_third_container_stops_the_first_two(play, pve, control):
+    control.clear_requests()
+    fleet = [{'vmid': 977, 'hostname': 'good977'}, {'vmid': 978, 'hostname': 'good978'},
+             {'vmid': 979, 'hostname': 'bad979', 'net': {'net0': 'name=eth0,bridge=vmbr0,ipp=dhcp'}}]
+    pve.made.extend([977, 978, 979])
+    res = play([{'gpufleet.proxmox.lxc_container': {'node': 'pve1', 'ostemplate': TEMPLATE, 'storage': 'local-lvm',
+                                                    'containers': fleet}, 'ignore_errors': True}]).task(0)
+    assert res.get('failed') and "containers[2] (vmid 979, hostname bad979): net.net0: unknown key 'ipp'" in res['msg']
+    assert changes_to(control, 977, 978, 979) == []
+    assert not {977, 978, 979} & set(g['vmid'] for g in pve.api.cluster.resources.get(type='vm'))
 
 
 def test_bad_fleet_entry_stops_the_whole_fleet(play, pve, control):
@@ -275,7 +371,7 @@ def test_bad_fleet_entry_stops_the_whole_fleet(play, pve, control):
     res = play([{'gpufleet.proxmox.lxc_container': {'node': 'pve1', 'ostemplate': TEMPLATE, 'containers': fleet},
                  'ignore_errors': True}]).task(0)
     assert res.get('failed') and 'vmid 978 is also given by containers[0]' in res['msg']
-    assert control.mutating_requests() == []
+    assert changes_to(control, 978, 979) == []
 
 
 def test_lxc_raw_lines_in_the_nodes_config(play, pve, lab, control):
@@ -293,7 +389,7 @@ def test_lxc_raw_lines_in_the_nodes_config(play, pve, lab, control):
                           ['lxc.mount.entry', '/dev/nvidia7 dev/nvidia7 none bind,optional,create=file']]
     assert cfg['description'].rstrip() == 'keep me'
     assert done(play, ct(980, lxc_raw=raw, pve_root=lab.pve_root))['changed'] is False
-    assert control.mutating_requests() == []  # raw lines are a file on the node, not an API call
+    assert changes_to(control, 980) == []  # raw lines are a file on the node, not an API call
     gone = done(play, ct(980, lxc_raw=[], pve_root=lab.pve_root))
     assert gone['changed'] and 'lxc' not in pve.ct(980).config.get()
     away = only(play, ct(980, lxc_raw=raw, pve_root='/nonexistent'))
