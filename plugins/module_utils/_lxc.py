@@ -674,6 +674,8 @@ def reconcile_all(client, specs, check_mode, lock_timeout=60):
                                         for p in plans[n + 1:]]
             raise
     return results
+
+
 def container_specs(params):
     """The containers a module call asks for: its own options, or each of `containers` on top of them."""
     from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
