@@ -268,4 +268,3 @@ def message(result):
         parts.append(text)
     notes = (result.get('diagnosis') or {}).get('notes') or []
     return '; '.join(parts) + ('. Diagnosis: ' + '; '.join(notes) if notes else '')
-

@@ -113,12 +113,13 @@ def test_driver_bundle(play, lab, tmp_path):
         r = play([{'gpufleet.proxmox.driver_bundle': dict(args, **over), 'ignore_errors': True}], *flags, hosts='pve1')
         return r.task(0, 'pve1')
     check = run('--check')
-    assert check['changed'] and not os.path.exists(dest)
+    assert not check.get('failed') and check['changed'] and not os.path.exists(dest), check
     first = run()
-    assert first['changed'] and first['files'] == ['bin/nvidia-smi', 'lib/libcuda.so.580.95.05',
+    assert not first.get('failed') and first['changed'] and first['files'] == ['bin/nvidia-smi', 'lib/libcuda.so.580.95.05',
                                                    'lib/libnvidia-ml.so.580.95.05']
     assert os.readlink(os.path.join(dest, '580.95.05', 'lib', 'libcuda.so.1')) == 'libcuda.so.580.95.05'
-    assert run()['changed'] is False
+    again = run()
+    assert not again.get('failed') and again['changed'] is False, again
     other = run(version='570.172.08')
     assert other.get('failed') and 'no libcuda.so.570.172.08' in other['msg']
 
