@@ -35,7 +35,9 @@ def site_packages(venv):
 
 
 def _metadata(dist_info):
+    """(Name, Version, [Requires-Dist]) from a dist-info's METADATA headers."""
     name = version = None
+    requires = []
     try:
         with io.open(os.path.join(dist_info, 'METADATA'), encoding='utf-8', errors='replace') as fh:
             for line in fh:
@@ -45,16 +47,18 @@ def _metadata(dist_info):
                     name = line.split(':', 1)[1].strip()
                 elif line.startswith('Version:'):
                     version = line.split(':', 1)[1].strip()
+                elif line.startswith('Requires-Dist:'):
+                    requires.append(line.split(':', 1)[1].strip())
     except (IOError, OSError):
         pass
-    return name, version
+    return name, version, requires
 
 
 def distributions(site):
     """[{name, version, dist_info, files: [(abs path, rel path, hash or None, size or None)]}]."""
     out = []
     for dist_info in sorted(glob.glob(os.path.join(site, '*.dist-info'))):
-        name, version = _metadata(dist_info)
+        name, version, requires = _metadata(dist_info)
         if not name:
             base = os.path.basename(dist_info)[:-len('.dist-info')]
             name, _sep, version = base.partition('-')
@@ -73,7 +77,8 @@ def distributions(site):
                     files.append((path, rel, digest, size))
         except (IOError, OSError):
             pass
-        out.append({'name': name, 'key': canon(name), 'version': version, 'dist_info': dist_info, 'files': files})
+        out.append({'name': name, 'key': canon(name), 'version': version, 'dist_info': dist_info, 'files': files,
+                    'requires': requires})
     return out
 
 
@@ -140,6 +145,174 @@ def file_digest(path):
     return 'sha256=' + base64.urlsafe_b64encode(h.digest()).rstrip(b'=').decode()
 
 
+# -- Requires-Dist ------------------------------------------------------------------------
+MARKER_TOKEN = re.compile(r'\s*(?:(?P<paren>[()])|(?P<op>===|==|!=|<=|>=|~=|<|>|not\s+in\b|in\b)|(?P<bool>and|or)\b|'
+                          r"'(?P<sq>[^']*)'|\"(?P<dq>[^\"]*)\"|(?P<var>[A-Za-z_][A-Za-z0-9_.]*))")
+VERSION_VARS = ('python_version', 'python_full_version', 'implementation_version', 'platform_release')
+
+
+def _version(text):
+    parts = re.match(r'^\s*(\d+(?:\.\d+)*)', text or '')
+    return tuple(int(p) for p in parts.group(1).split('.')) if parts else None
+
+
+def _compare(left, op, right, version):
+    if op in ('in', 'not in') or re.sub(r'\s+', ' ', op) == 'not in':
+        found = left in right
+        return found if op == 'in' else not found
+    if version:
+        a, b = _version(left), _version(right.rstrip('.*'))
+        if a is None or b is None:
+            raise ValueError(right)
+        if right.endswith('.*') and op in ('==', '!='):
+            same = a[:len(b)] == b
+            return same if op == '==' else not same
+        size = max(len(a), len(b))
+        a, b = a + (0,) * (size - len(a)), b + (0,) * (size - len(b))
+        if op == '~=':
+            return a >= b and a[:len(_version(right)) - 1] == b[:len(_version(right)) - 1]
+    else:
+        a, b = left, right
+    return {'==': a == b, '===': left == right, '!=': a != b, '<': a < b, '<=': a <= b, '>': a > b,
+            '>=': a >= b}.get(op, False) if op != '~=' else False
+
+
+def marker_holds(marker, env, extras):
+    """Whether a PEP 508 marker holds in env ({variable: value}) for a distribution asked for with extras (a set
+    of canonical names). Raises ValueError for a marker it cannot read."""
+    tokens, pos = [], 0
+    marker = marker.strip()
+    while pos < len(marker):
+        m = MARKER_TOKEN.match(marker, pos)
+        if not m or m.end() == pos:
+            raise ValueError(marker)
+        pos = m.end()
+        kind = m.lastgroup
+        value = m.group(kind)
+        if kind in ('sq', 'dq'):
+            tokens.append(('str', value))
+        elif kind == 'op':
+            tokens.append(('op', re.sub(r'\s+', ' ', value)))
+        else:
+            tokens.append((kind, value))
+    tokens.append(('end', None))
+    at = [0]
+
+    def take():
+        at[0] += 1
+        return tokens[at[0] - 1]
+
+    def value():
+        kind, text = take()
+        if kind == 'str':
+            return text, None
+        if kind == 'var':
+            if text == 'extra':
+                return None, 'extra'
+            if text not in env:
+                raise ValueError(text)
+            return env[text], text
+        raise ValueError(text)
+
+    def atom():
+        if tokens[at[0]] == ('paren', '('):
+            take()
+            out = either()
+            if take() != ('paren', ')'):
+                raise ValueError(marker)
+            return out
+        (left, lvar), (kind, op), (right, rvar) = value(), take(), value()
+        if kind != 'op':
+            raise ValueError(marker)
+        if 'extra' in (lvar, rvar):
+            wanted = canon(right if lvar == 'extra' else left)
+            if op in ('==', '==='):
+                return wanted in extras
+            if op == '!=':
+                return wanted not in extras
+            raise ValueError(marker)
+        return _compare(left, op, right, lvar in VERSION_VARS or rvar in VERSION_VARS)
+
+    def both():
+        out = atom()
+        while tokens[at[0]] == ('bool', 'and'):
+            take()
+            out = atom() and out
+        return out
+
+    def either():
+        out = both()
+        while tokens[at[0]] == ('bool', 'or'):
+            take()
+            out = both() or out
+        return out
+    out = either()
+    if tokens[at[0]][0] != 'end':
+        raise ValueError(marker)
+    return out
+
+
+REQUIRES = re.compile(r'^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?')
+
+
+def marker_env(venv, site):
+    """The marker variables of the venv's Python (its version from pyvenv.cfg or its site-packages directory)."""
+    import platform
+    import sys
+    short = os.path.basename(os.path.dirname(site))[len('python'):]
+    full = short
+    try:
+        with io.open(os.path.join(venv, 'pyvenv.cfg'), encoding='utf-8') as fh:
+            for line in fh:
+                key, _sep, val = line.partition('=')
+                if key.strip() in ('version', 'version_info') and _version(val.strip()):
+                    full = val.strip()
+    except (IOError, OSError):
+        pass
+    return {'os_name': os.name, 'sys_platform': sys.platform, 'platform_system': platform.system(),
+            'platform_machine': platform.machine(), 'platform_release': platform.release(),
+            'platform_version': platform.version(), 'platform_python_implementation': platform.python_implementation(),
+            'implementation_name': sys.implementation.name, 'python_version': short,
+            'python_full_version': full, 'implementation_version': full}
+
+
+def required_by(dists, env):
+    """{canonical name: [names of the installed distributions whose Requires-Dist names it]}, each Requires-Dist
+    taken where its marker holds (extras as the installed distributions ask for them). A marker it cannot read
+    counts as holding."""
+    parsed = {}
+    for d in dists:
+        reqs = []
+        for text in d.get('requires') or ():
+            spec, _sep, marker = text.partition(';')
+            m = REQUIRES.match(spec)
+            if m:
+                extras = set(canon(e) for e in (m.group(2) or '').split(',') if e.strip())
+                reqs.append((canon(m.group(1)), extras, marker.strip()))
+        parsed[d['key']] = reqs
+    asked = dict((d['key'], set()) for d in dists)
+    out = {}
+    changed = True
+    while changed:
+        changed = False
+        for d in dists:
+            for key, extras, marker in parsed[d['key']]:
+                try:
+                    holds = not marker or marker_holds(marker, env, asked[d['key']])
+                except ValueError:
+                    holds = True
+                if not holds or key == d['key']:
+                    continue
+                names = out.setdefault(key, [])
+                if d['name'] not in names:
+                    names.append(d['name'])
+                    changed = True
+                if key in asked and not extras <= asked[key]:
+                    asked[key] |= extras
+                    changed = True
+    return dict((k, sorted(v)) for k, v in out.items())
+
+
 REQUIREMENT = re.compile(r'^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*(===?)\s*([^\s;\\]+)')
 
 
@@ -182,11 +355,52 @@ def read_lock(path):
     return dict((r['key'], (r['name'], r['version'])) for r in reqs if r['key'])
 
 
-def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrides=(), uv='uv'):
+def decide(keys, overrides, locked, requirers):
+    """Which of a path's claimants (canonical names) is the one whose bytes belong there: (key, why), why being
+    'overrides' (declared), 'lock' (the only one the lock has) or 'requirements' (the only one that an installed
+    distribution requires); (None, what the operator must decide) where nothing decides it."""
+    ours = sorted(k for k in keys if k in overrides)
+    if ours:
+        return ours[0], 'overrides'
+    candidates = keys
+    if locked:
+        in_lock = [k for k in keys if k in locked]
+        if len(in_lock) == 1:
+            return in_lock[0], 'lock'
+        candidates = in_lock or keys
+    required = [k for k in candidates if requirers.get(k)]
+    if len(required) == 1:
+        return required[0], 'requirements'
+    if required:
+        why = 'each is required ({0})'.format('; '.join('{0} by {1}'.format(k, ', '.join(requirers[k])) for k in required))
+    else:
+        why = 'no installed distribution requires {0}'.format('either' if len(candidates) == 2 else 'any of them')
+    ask = 'or remove all but one from the lock' if locked else 'or give a lock'
+    return None, '{0} install this path with different bytes and {1}: declare one in `overrides`, {2}'.format(
+        ' and '.join(candidates), why, ask)
+
+
+MODULE_NAME = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$')
+
+
+def check_imports(imports):
+    bad = [name for name in imports if not isinstance(name, str) or not MODULE_NAME.match(name)]
+    if bad:
+        raise ValueError('imports: {0} {1} not a module name'.format(', '.join(repr(b) for b in bad),
+                                                                     'is' if len(bad) == 1 else 'are'))
+
+
+def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrides=(), uv='uv', imports=(),
+          env=None, timeout=600):
+    """The venv's audit (see the venv_audit module). In full mode each of imports is also imported in a fresh
+    interpreter of the venv (with env, within timeout seconds); fast mode reads files only."""
+    check_imports(imports)
     site = site_packages(venv)
     dists = distributions(site)
     by_key = dict((d['key'], d) for d in dists)
     overrides = set(canon(o) for o in overrides)
+    locked = read_lock(lock) if lock else {}
+    requirers = required_by(dists, marker_env(venv, site))
     # -- integrity ------------------------------------------------------------------
     broken = []
     owners = {}
@@ -211,35 +425,56 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
     # A path several distributions claim with the same bytes (a namespace package's __init__.py, a header that two
     # builds of one release share) conflicts with nothing: it goes to shared_files. The repair plan still knows its
     # claimants, so a removal of one comes with the reinstall of the others.
-    collisions, declared, shared = [], [], []
+    # Where the bytes differ, one claimant's belong there: a declared override's, else the only one the lock has,
+    # else the only one an installed distribution requires. Where nothing decides it, the plan leaves the path as it
+    # is (a reinstall of either would be undone by the next plan) and the finding says what to declare.
+    collisions, declared, decided, shared = [], [], [], []
+    winners, settled = {}, set()  # {path: the key whose bytes belong there}; paths whose bytes are as they should be
     for path in sorted(p for p, claimants in owners.items() if len(claimants) > 1):
         claims = owners[path]
         names = sorted(set(d['name'] for d, _dg, _sz in claims))
-        if len(names) < 2 or not os.path.isfile(path):
-            if len(names) >= 2:
-                collisions.append({'path': os.path.relpath(path, site), 'claimed_by': names, 'on_disk': None})
+        if len(names) < 2:
             continue
-        item = {'path': os.path.relpath(path, site), 'claimed_by': names}
-        if all(dg is None for _d, dg, _sz in claims):  # a .pyc the installers wrote: no bytes to tell apart
-            shared.append(item)
+        rel = os.path.relpath(path, site)
+        item = {'path': rel, 'claimed_by': names}
+        if os.path.isfile(path):
+            if all(dg is None for _d, dg, _sz in claims):  # a .pyc the installers wrote: no bytes to tell apart
+                shared.append(item)
+                continue
+            # Whose bytes are on disk: by size where that tells them apart (fast mode), else by sha256.
+            size = os.stat(path).st_size
+            on_disk = sorted(set(d['name'] for d, _dg, sz in claims if sz == size))
+            if mode == 'full' or len(on_disk) != 1:
+                disk = file_digest(path)
+                on_disk = sorted(set(d['name'] for d, dg, _sz in claims if dg == disk))
+            if on_disk == names:
+                shared.append(item)
+                continue
+        else:
+            on_disk = []
+        keys = sorted(set(d['key'] for d, _dg, _sz in claims))
+        wins, why = decide(keys, overrides, locked, requirers)
+        if wins is None:
+            item.update(on_disk=(on_disk or [None])[0], decide=why)
+            settled.add(rel)
+            collisions.append(item)
             continue
-        # Whose bytes are on disk: by size where that tells them apart (fast mode), else by sha256.
-        size = os.stat(path).st_size
-        on_disk = sorted(set(d['name'] for d, _dg, sz in claims if sz == size))
-        if mode == 'full' or len(on_disk) != 1:
-            disk = file_digest(path)
-            on_disk = sorted(set(d['name'] for d, dg, _sz in claims if dg == disk))
-        if on_disk == names:
-            shared.append(item)
-            continue
-        ours = [n for n in on_disk if canon(n) in overrides]
-        item['on_disk'] = (ours or on_disk or [None])[0]
-        (declared if ours else collisions).append(item)
-    # A file whose bytes are a declared override's is intended, not a broken distribution.
-    intended = set(item['path'] for item in declared)
+        if why != 'lock':  # the lock's other claimants are removed: nothing to order
+            winners[path] = wins
+        item['on_disk'] = by_key[wins]['name'] if by_key[wins]['name'] in on_disk else (on_disk or [None])[0]
+        if why == 'requirements':
+            item['required_by'] = requirers[wins]
+        if item['on_disk'] == by_key[wins]['name'] and why != 'lock':
+            settled.add(rel)
+            (declared if why == 'overrides' else decided).append(item)
+        else:
+            item['wins'] = by_key[wins]['name']
+            collisions.append(item)
+    # A file whose bytes are the ones that belong there is not a broken distribution, nor one whose claimants
+    # nothing decides between (the collision is the finding).
     for b in broken:
         b['modified'] = [rel for rel in b['modified']
-                         if os.path.relpath(os.path.normpath(os.path.join(site, rel)), site) not in intended]
+                         if os.path.relpath(os.path.normpath(os.path.join(site, rel)), site) not in settled]
     broken = [b for b in broken if b['missing'] or b['modified']]
     # -- ELF closure -------------------------------------------------------------------
     nvidia_dirs = sorted(glob.glob(os.path.join(site, 'nvidia', '*', 'lib')))
@@ -252,7 +487,6 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
     unresolved, optional = closure(site, resolver, providers)
     # -- drift against the lock ----------------------------------------------------------
     drift = {'missing': [], 'extra': [], 'wrong_version': []}
-    locked = read_lock(lock) if lock else {}
     if lock:
         for key, (name, version) in sorted(locked.items()):
             have = by_key.get(key)
@@ -265,48 +499,103 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
                 drift['extra'].append({'name': d['name'], 'version': d['version']})
     for u in unresolved:
         u['in_lock'] = sorted(locked[canon(p)][0] for p in u['provided_by'] if canon(p) in locked)
-    plan = repair_plan(venv, dists, broken, drift, locked, owners, installer, list(install_args), overrides, uv)
-    healthy = not (broken or collisions or unresolved or any(drift.values()))
+    # -- imports (full mode) ---------------------------------------------------------------
+    failed_imports = import_failures(os.path.join(venv, 'bin', 'python'), imports, env, timeout) \
+        if mode == 'full' and imports else []
+    # The one whose bytes belong at a path is reinstalled where they are not there, even where its sizes are the same
+    # as what is on disk (fast mode finds such a file through the collision, not through its RECORD).
+    restore = set(canon(c['wins']) for c in collisions if c.get('wins') and c['on_disk'] != c['wins'])
+    plan = repair_plan(venv, dists, broken, drift, locked, owners, installer, list(install_args), overrides, uv,
+                       winners, restore)
+    healthy = not (broken or collisions or unresolved or failed_imports or any(drift.values()))
     return {'healthy': healthy, 'site_packages': site, 'distributions': len(dists),
             'findings': {'broken_distributions': broken, 'collisions': collisions,
-                         'unresolved_libraries': unresolved, 'drift': drift},
-            'overrides': declared, 'shared_files': shared, 'optional_libraries': optional, 'plan': plan}
+                         'unresolved_libraries': unresolved, 'drift': drift, 'failed_imports': failed_imports},
+            'overrides': declared, 'required': decided, 'shared_files': shared, 'optional_libraries': optional,
+            'plan': plan}
 
 
-def repair_plan(venv, dists, broken, drift, locked, owners, installer, install_args, overrides, uv):
-    """argv lists, in a safe order: removals first, then everything their removal would break, broken and
-    missing distributions reinstalled (declared overrides last, so their bytes end on disk)."""
+LOADER_MESSAGE = re.compile(r'([^\s:\'"]+\.so(?:\.[0-9A-Za-z_]+)*): cannot open shared object file')
+
+
+def import_failures(python, imports, env=None, timeout=600):
+    """Each module imported in a fresh interpreter (isolated: no PYTHON* variables, no user site, not the working
+    directory): [{module, message, library}] for those that fail, message the error's last line (the loader's,
+    which names the library it could not open: library)."""
+    import subprocess
+    failed = []
+    for name in imports:
+        try:
+            out = subprocess.run([python, '-I', '-c', 'import ' + name], capture_output=True, text=True, env=env,
+                                 timeout=timeout, check=False, cwd='/')
+        except subprocess.TimeoutExpired:
+            failed.append({'module': name, 'message': 'import {0} did not finish in {1} s'.format(name, timeout),
+                           'library': None})
+            continue
+        except OSError as e:
+            failed.append({'module': name, 'message': 'the venv\'s Python could not run: {0}'.format(e),
+                           'library': None})
+            continue
+        if out.returncode != 0:
+            lines = [line for line in (out.stderr or out.stdout or '').strip().splitlines() if line.strip()]
+            message = lines[-1].strip() if lines else 'exit {0}'.format(out.returncode)
+            found = LOADER_MESSAGE.search(out.stderr or '')
+            failed.append({'module': name, 'message': message, 'library': found.group(1) if found else None})
+    return failed
+
+
+def repair_plan(venv, dists, broken, drift, locked, owners, installer, install_args, overrides, uv, winners=None,
+                restore=()):
+    """argv lists, in a safe order: removals (and, with uv, the distributions to reinstall, so that their install
+    comes from the cache: uv's --reinstall-package would fetch them again), then everything their removal would
+    break, broken, missing and other-version distributions installed; the distributions whose bytes belong at the
+    paths they share (declared overrides, the one the venv's metadata requires) last, so their bytes end on disk."""
+    winners = winners or {}
     python = os.path.join(venv, 'bin', 'python')
     by_key = dict((d['key'], d) for d in dists)
     extra = set(canon(e['name']) for e in drift['extra'])
-    reinstall = set(canon(b['name']) for b in broken if canon(b['name']) not in extra)
-    for key in extra:
-        # Removing it deletes every file of its RECORD: whoever else claims one of them needs a reinstall.
-        for path, _rel, _dg, _sz in by_key[key]['files']:
-            for other, _dg, _sz in owners.get(path, []):
-                if other['key'] not in extra:
-                    reinstall.add(other['key'])
+    replaced = set(canon(w['name']) for w in drift['wrong_version'])
+    reinstall = set(canon(b['name']) for b in broken) | set(restore)
+    reinstall -= extra | replaced
     install = dict((canon(m['name']), '{0}=={1}'.format(m['name'], m['version'])) for m in drift['missing'])
     install.update((canon(w['name']), '{0}=={1}'.format(w['name'], w['locked'])) for w in drift['wrong_version'])
+    # What the plan uninstalls loses every file of its RECORD. A removal's files are gone: whoever else claims one
+    # needs a reinstall. A reinstall (or another version) writes its own bytes back: a distribution whose bytes
+    # belong at a path it shares with different bytes needs a reinstall after it.
+    todo = sorted(extra | reinstall | replaced)
+    while todo:
+        key = todo.pop()
+        for path, _rel, digest, _sz in by_key[key]['files']:
+            for other, dg, _sz in owners.get(path, []):
+                k = other['key']
+                if k in extra or k in reinstall or k in install:
+                    continue
+                if key in extra or (dg is not None and dg != digest and winners.get(path) == k):
+                    reinstall.add(k)
+                    todo.append(k)
+    last = set(overrides) | set(winners.values())
 
     def pin(key):
         if key in locked:
             return '{0}=={1}'.format(*locked[key])
         return '{0}=={1}'.format(by_key[key]['name'], by_key[key]['version'])
+    specs = dict((k, pin(k)) for k in reinstall)
+    specs.update(install)
+    groups = [sorted(k for k in specs if k not in last), sorted(k for k in specs if k in last)]
     plan = []
+    if installer == 'uv':
+        gone = sorted(by_key[k]['name'] for k in extra | reinstall)
+        if gone:
+            plan.append([uv, 'pip', 'uninstall', '--python', python] + gone)
+        for group in groups:
+            if group:
+                plan.append([uv, 'pip', 'install', '--python', python, '--no-deps'] + [specs[k] for k in group]
+                            + install_args)
+        return plan
     if extra:
-        names = sorted(by_key[k]['name'] for k in extra)
-        plan.append([uv, 'pip', 'uninstall', '--python', python] + names if installer == 'uv'
-                    else [python, '-m', 'pip', 'uninstall', '-y'] + names)
-    ordered = sorted(reinstall, key=lambda k: (k in overrides, k))
-    for key in ordered:
-        if installer == 'uv':
-            plan.append([uv, 'pip', 'install', '--python', python, '--no-deps', '--reinstall-package',
-                         by_key[key]['name'], pin(key)] + install_args)
-        else:
-            plan.append([python, '-m', 'pip', 'install', '--force-reinstall', '--no-deps', pin(key)] + install_args)
-    if install:
-        specs = [install[k] for k in sorted(install)]
-        plan.append([uv, 'pip', 'install', '--python', python, '--no-deps'] + specs + install_args if installer == 'uv'
-                    else [python, '-m', 'pip', 'install', '--no-deps'] + specs + install_args)
+        plan.append([python, '-m', 'pip', 'uninstall', '-y'] + sorted(by_key[k]['name'] for k in extra))
+    for group in groups:
+        if group:
+            plan.append([python, '-m', 'pip', 'install', '--force-reinstall', '--no-deps'] + [specs[k] for k in group]
+                        + install_args)
     return plan

@@ -23,9 +23,20 @@ description:
     that only a plugin needs (an object no extension module needs, which its library opens with dlopen, such as
     NVSHMEM's and NCCL's network transports or cuFile's RDMA support) is reported in RV(optional_libraries)
     instead, since it matters only where that plugin is used. A library that Python code opens itself (with
-    ctypes) counts as one loaded on demand; the import check of a build is what proves those.
+    ctypes, as torch's C(__init__) opens C(libtorch_global_deps.so)) counts as one loaded on demand, as the ELF closure
+    cannot see that an import needs it; O(imports) in O(mode=full) proves the import instead.
+  - Where distributions install one path with different bytes, the bytes that belong there are a declared
+    O(overrides)' bytes, else those of the only claimant the O(lock) has, else those of the only claimant that an
+    installed distribution requires (its C(Requires-Dist), markers and extras evaluated for the venv; torch 2.11.0
+    from PyPI requires C(nvidia-nccl-cu13), so a C(nvidia-nccl-cu12) installed over it loses). Where none of these
+    decides it, the collision is a finding whose C(decide) says what to declare, and the plan leaves the path as it
+    is, so that no plan undoes the previous one.
   - Returns a plan, the exact commands (argv lists) that repair all of it in a safe order; a removal that
-    would delete files another distribution needs comes with the reinstall that restores them.
+    would delete files another distribution needs comes with the reinstall that restores them. Applied, the
+    plan leaves the venv healthy, or with only findings that an operator must decide (and an empty plan).
+  - With uv, a distribution to reinstall is uninstalled and installed again (C(uv pip install
+    --reinstall-package) would fetch it again, as it implies C(--refresh-package)), so a repair installs from
+    the uv cache and downloads nothing the cache holds.
   - Changes nothing. Uses only the Python standard library, so it runs with the target's system Python.
 author:
   - gpufleet maintainers (@gpufleet)
@@ -68,6 +79,16 @@ options:
     type: list
     elements: str
     default: []
+  imports:
+    description:
+      - Modules to import (such as V(torch)), in O(mode=full) only, each in a fresh interpreter of the venv (isolated,
+        so without C(PYTHON*) variables, the user site or the working directory). A failed import is a finding,
+        C(failed_imports), with the error's last line, which names a library that the loader cannot open (as in
+        C(libcudnn.so.9 - cannot open shared object file)), and that library.
+      - V(fast) mode reads files only and ignores them.
+    type: list
+    elements: str
+    default: []
   fail_on_findings:
     description: Fail when the venv is not healthy.
     type: bool
@@ -81,6 +102,13 @@ EXAMPLES = r'''
     lock: /opt/gpufleet/locks/default.txt
     overrides: [nvidia-cudnn-cu13, nvidia-cusparselt-cu13, nvidia-nccl-cu13, nvidia-nvshmem-cu13]
   register: audit
+
+- name: Audit every file's sha256 and prove that torch imports
+  gpufleet.proxmox.venv_audit:
+    venv: /root/venv
+    mode: full
+    imports: [torch]
+    fail_on_findings: true
 '''
 
 RETURN = r'''
@@ -90,12 +118,23 @@ healthy:
   type: bool
 findings:
   description:
-    - C(broken_distributions) (name, version, missing, modified), C(collisions) (path, claimed_by, on_disk),
-      C(unresolved_libraries) (soname, needed_by, provided_by, in_lock), C(drift) (missing, extra, wrong_version).
+    - C(broken_distributions) (name, version, missing, modified), C(collisions) (path, claimed_by, on_disk;
+      C(wins) and, where the venv's metadata decides it, C(required_by), for the claimant whose bytes belong there;
+      C(decide), what the operator must declare, where nothing decides it),
+      C(unresolved_libraries) (soname, needed_by, provided_by, in_lock), C(drift) (missing, extra, wrong_version),
+      C(failed_imports) (module, message, and library, the shared library the loader could not open or null; only in
+      O(mode=full) with O(imports)).
   returned: always
   type: dict
 overrides:
   description: Collisions that a declared override explains.
+  returned: always
+  type: list
+  elements: dict
+required:
+  description:
+    - Paths that several distributions install with different bytes, where the bytes on disk are those of the
+      only claimant an installed distribution requires (path, claimed_by, on_disk, required_by). Not findings.
   returned: always
   type: list
   elements: dict
@@ -131,11 +170,12 @@ def main():
         mode=dict(type='str', choices=['fast', 'full'], default='fast'),
         installer=dict(type='str', choices=['uv', 'pip'], default='uv'), uv=dict(type='str', default='uv'),
         install_args=dict(type='list', elements='str', default=[]),
-        overrides=dict(type='list', elements='str', default=[]),
+        overrides=dict(type='list', elements='str', default=[]), imports=dict(type='list', elements='str', default=[]),
         fail_on_findings=dict(type='bool', default=False)), supports_check_mode=True)
     p = module.params
     try:
-        result = _venv.audit(p['venv'], p['lock'], p['mode'], p['installer'], p['install_args'], p['overrides'], p['uv'])
+        result = _venv.audit(p['venv'], p['lock'], p['mode'], p['installer'], p['install_args'], p['overrides'], p['uv'],
+                             p['imports'])
     except (ValueError, IOError, OSError) as e:
         module.fail_json(msg='venv_audit: {0}'.format(e))
     if p['fail_on_findings'] and not result['healthy']:

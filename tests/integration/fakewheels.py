@@ -1,15 +1,20 @@
 """Real wheels built at test time: a "cu12" and a "cu13" flavour of a runtime installing the same
 nvidia/fakert/lib/lib{a,b,c}.so.1, and an extension that needs all three through an $ORIGIN RPATH,
-as torch's libraries do. The incident at small scale."""
+as torch's libraries do. The incident at small scale. fake-torch-cu13 requires the cu13 flavour (as torch 2.11.0
+from PyPI requires nvidia-nccl-cu13), fake-torch-cu12 the cu12 one (as torch 2.11.0+cu128 does)."""
 
 import argparse
 import base64
+import functools
 import hashlib
+import http.server
 import os
+import re
 import shutil
 import subprocess
 import sysconfig
 import tempfile
+import threading
 import zipfile
 
 import pytest
@@ -17,7 +22,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU = os.path.join(ROOT, 'roles', 'torch_venv', 'files', 'profiles', 'cpu')
 # The wheels build_wheels makes, by file name prefix.
-FAKES = ('fake_rt_cu12', 'fake_rt_cu13', 'fake_torch', 'fake_contaminant', 'fake_extra', 'fake_plugins')
+FAKES = ('fake_rt_cu12', 'fake_rt_cu13', 'fake_torch', 'fake_contaminant', 'fake_extra', 'fake_plugins',
+         'fake_globaldeps')
 
 LIBS = ('libfakea.so.1', 'libfakeb.so.1', 'libfakec.so.1')
 EXTENSION = """#define Py_LIMITED_API 0x030B0000
@@ -44,11 +50,13 @@ def gcc(out, source, *args):
         return fh.read()
 
 
-def wheel(where, dist, version, files):
-    """A real wheel: files {relpath: bytes} plus its dist-info with a RECORD of sha256 and sizes."""
+def wheel(where, dist, version, files, requires=()):
+    """A real wheel: files {relpath: bytes} plus its dist-info with a RECORD of sha256 and sizes, and its
+    requires as Requires-Dist."""
     info = '{0}-{1}.dist-info'.format(dist.replace('-', '_'), version)
     files = dict(files)
-    files[info + '/METADATA'] = 'Metadata-Version: 2.1\nName: {0}\nVersion: {1}\n'.format(dist, version).encode()
+    files[info + '/METADATA'] = ('Metadata-Version: 2.1\nName: {0}\nVersion: {1}\n'.format(dist, version) + ''.join(
+        'Requires-Dist: {0}\n'.format(r) for r in requires)).encode()
     files[info + '/WHEEL'] = b'Wheel-Version: 1.0\nGenerator: gpufleet-tests\nRoot-Is-Purelib: false\nTag: py3-none-any\n'
     record = []
     for rel, data in sorted(files.items()):
@@ -72,8 +80,10 @@ def build_wheels(d, build):
     """The incident's wheels into d (gcc builds the libraries in build)."""
     flavours = {}
     for flavour in ('cu12', 'cu13'):
+        # The two flavours' libraries differ in size too, as NVIDIA's builds do.
         flavours[flavour] = dict(('{0}/{1}'.format(LIBDIR, lib), gcc(os.path.join(build, flavour + lib), (
-            'const char *flavour_{0}(void) {{ return "{1}"; }}\n').format(lib[7], flavour), '-Wl,-soname,' + lib))
+            'const char *flavour_{0}(void) {{ return "{1}"; }}\nconst char build_{2}[] = "{3}";\n').format(
+                lib[7], flavour, flavour, 'x' * (8192 if flavour == 'cu13' else 1)), '-Wl,-soname,' + lib))
             for lib in LIBS)
         # As NVIDIA's cu12 and cu13 builds of one release do, both flavours also install files with the same bytes.
         flavours[flavour].update(SAME_BYTES)
@@ -88,8 +98,15 @@ def build_wheels(d, build):
                                                               '-Wl,--disable-new-dtags', "-Wl,-rpath,$ORIGIN/../" + LIBDIR]))
     init = b'from fake_torch._C import probe\nFLAVOUR = probe()\n'
     wheel(d, 'fake-torch', '1.0', {'fake_torch/__init__.py': init, 'fake_torch/_C.so': ext})
+    for flavour in ('cu12', 'cu13'):
+        package = 'fake_torch_' + flavour
+        wheel(d, 'fake-torch-' + flavour, '1.0', {
+            package + '/__init__.py': 'from {0}._C import probe\nFLAVOUR = probe()\n'.format(package).encode(),
+            package + '/_C.so': ext}, requires=['fake-rt-{0}==1.0; platform_system == "Linux"'.format(flavour),
+                                                'fake-extra; extra == "extra"'])
     wheel(d, 'fake-extra', '1.0', {'fake_extra/__init__.py': b''})
     plugins(d, build)
+    globaldeps(d, build)
     wheel(d, 'fake-contaminant', '2.0', {'{0}/libfakea.so.1'.format(LIBDIR): flavours['cu12'][LIBDIR + '/libfakea.so.1'] + b'\0junk',
                                          'fake_contaminant/__init__.py': b''})
     return d
@@ -114,9 +131,26 @@ def plugins(d, build):
                                          'fake_plugins/transport_fabric.so.3': transport})
 
 
+def globaldeps(d, build):
+    """fake-globaldeps: its __init__ opens a library of its own with ctypes, as torch's opens libtorch_global_deps.so;
+    that library needs a system library no wheel ships (libfakeglobal.so.1, made here and not installed). No
+    extension module needs either, so only an import shows that it is missing."""
+    sysdep = os.path.join(build, 'libfakeglobal.so.1')
+    gcc(sysdep, 'int global_dep(void) { return 3; }\n', '-Wl,-soname,libfakeglobal.so.1')
+    deps = gcc(os.path.join(build, 'libfake_global_deps.so'), 'extern int global_dep(void);\n'
+               'int global_deps(void) { return global_dep(); }\n', sysdep)
+    init = (b'import ctypes, os\n'
+            b'ctypes.CDLL(os.path.join(os.path.dirname(__file__), "lib", "libfake_global_deps.so"), mode=ctypes.RTLD_GLOBAL)\n')
+    wheel(d, 'fake-globaldeps', '1.0', {'fake_globaldeps/__init__.py': init,
+                                        'fake_globaldeps/lib/libfake_global_deps.so': deps})
+
+
 def sha256(path):
+    h = hashlib.sha256()
     with open(path, 'rb') as fh:
-        return hashlib.sha256(fh.read()).hexdigest()
+        for block in iter(lambda: fh.read(1 << 20), b''):
+            h.update(block)
+    return h.hexdigest()
 
 
 def lock(wheels_dir, path, *names):
@@ -129,6 +163,54 @@ def lock(wheels_dir, path, *names):
     with open(path, 'w') as fh:
         fh.write('# hash-locked\n' + ''.join(lines))
     return str(path)
+
+
+class Index:
+    """A PEP 503 index of the wheels in a directory (linked from root), served over HTTP from this process, that counts
+    the bytes of the wheels it sends (wheel_bytes). stop() makes it unreachable. Its pages are dated a year back, so
+    that an installer may keep the ones it fetched as fresh (as it keeps PyPI's for their max-age)."""
+
+    def __init__(self, wheels_dir, root, host='127.0.0.1'):
+        old = os.path.getmtime(wheels_dir) - 365 * 86400
+        by_name = {}
+        for name in sorted(os.listdir(wheels_dir)):
+            if name.endswith('.whl'):
+                by_name.setdefault(re.sub(r'[-_.]+', '-', name.split('-')[0]).lower(), []).append(name)
+        for project, names in by_name.items():
+            d = os.path.join(root, 'simple', project)
+            os.makedirs(d, exist_ok=True)
+            links = []
+            for name in names:
+                os.symlink(os.path.abspath(os.path.join(wheels_dir, name)), os.path.join(d, name))
+                links.append('<a href="{0}#sha256={1}">{0}</a><br>'.format(name, sha256(os.path.join(d, name))))
+            with open(os.path.join(d, 'index.html'), 'w') as fh:
+                fh.write('<!DOCTYPE html><html><body>{0}</body></html>\n'.format(''.join(links)))
+            os.utime(os.path.join(d, 'index.html'), (old, old))
+        self.wheel_bytes = 0
+        self.wheels = []
+        index = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def copyfile(self, source, outputfile):
+                wheel = self.path.split('?')[0].endswith('.whl')
+                if wheel:
+                    index.wheels.append(os.path.basename(self.path))
+                for block in iter(lambda: source.read(1 << 16), b''):
+                    if wheel:
+                        index.wheel_bytes += len(block)
+                    outputfile.write(block)
+
+            def log_message(self, *args):
+                pass
+        self.server = http.server.ThreadingHTTPServer((host, 0), functools.partial(Handler, directory=root))
+        self.url = 'http://{0}:{1}/simple'.format(host, self.server.server_address[1])
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        if self.thread.is_alive():
+            self.server.shutdown()
+            self.server.server_close()
 
 
 def incident_profile(directory, wheels_dir):

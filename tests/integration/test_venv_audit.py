@@ -12,6 +12,7 @@ import pytest
 from fakewheels import LIBDIR, LIBS, SAME_BYTES, wheels  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.lab
+UV = os.path.join(os.path.dirname(sys.executable), 'uv')
 
 
 def make_venv(tmp_path, wheels, *steps):
@@ -92,11 +93,12 @@ def test_drift_against_a_lock_and_a_contaminant_removed_without_breaking_the_imp
     assert [c['path'] for c in res['findings']['collisions']] == [LIBDIR + '/libfakea.so.1']
     assert res['findings']['collisions'][0]['on_disk'] == 'fake-contaminant'
     python = os.path.join(venv, 'bin', 'python')
-    # the removal comes first, with the reinstall of what it would delete, then the missing install
-    assert res['plan'][0] == [uv, 'pip', 'uninstall', '--python', python, 'fake-contaminant']
-    assert res['plan'][1][:7] == [uv, 'pip', 'install', '--python', python, '--no-deps', '--reinstall-package']
-    assert res['plan'][1][7:9] == ['fake-rt-cu12', 'fake-rt-cu12==1.0']
-    assert res['plan'][2][6] == 'fake-rt-cu13==1.0'
+    # the removal comes first, with what its removal would delete uninstalled too (so uv installs it from its cache),
+    # then what is missing; the declared override last
+    assert res['plan'][0] == [uv, 'pip', 'uninstall', '--python', python, 'fake-contaminant', 'fake-rt-cu12']
+    assert res['plan'][1][:7] == [uv, 'pip', 'install', '--python', python, '--no-deps', 'fake-rt-cu12==1.0']
+    assert res['plan'][2][6] == 'fake-rt-cu13==1.0' and len(res['plan']) == 3
+    assert not any('--reinstall-package' in argv or '--reinstall' in argv for argv in res['plan'])
     run_plan(res['plan'])
     assert imports(venv).stdout.strip() == 'cu13'
     after = audit(play, venv, lock=str(lock), overrides=['fake-rt-cu13'], mode='full')
@@ -121,3 +123,94 @@ def test_system_libraries_only_plugins_need_are_optional(play, tmp_path, wheels)
          'in_lock': []}]
     assert res['optional_libraries'] == [
         {'soname': 'libfakefabric.so.1', 'needed_by': ['fake_plugins/transport_fabric.so.3'], 'provided_by': []}]
+
+
+CU12, CU13 = 'fake-rt-cu12', 'fake-rt-cu13'
+DECIDE = 'declare one in `overrides`, or give a lock'
+
+
+@pytest.mark.parametrize('installs,lock,overrides,outcome', [
+    # torch 2.11.0 from PyPI requires the cu13 wheels; the cu12 siblings installed over them are required by nothing
+    ([CU13, CU12, 'fake-torch-cu13'], None, [], 'cu13'),
+    ([CU12, CU13, 'fake-torch-cu13'], None, [], 'cu13'),
+    # each flavour required by something installed, or neither: the operator decides
+    ([CU13, CU12, 'fake-torch-cu13', 'fake-torch-cu12'], None, [], DECIDE),
+    ([CU12, CU13, 'fake-torch-cu13', 'fake-torch-cu12'], None, [], DECIDE),
+    ([CU13, CU12, 'fake-torch'], None, [], 'no installed distribution requires either: ' + DECIDE),
+    ([CU13, CU12, 'fake-torch-cu13', 'fake-torch-cu12'], [CU12, CU13, 'fake-torch-cu13', 'fake-torch-cu12'], [],
+     'declare one in `overrides`, or remove all but one from the lock'),
+    # a lock with one of them decides it (the other is removed)
+    ([CU13, CU12, 'fake-torch-cu13'], [CU13, 'fake-torch-cu13'], [], 'cu13'),
+    ([CU12, CU13, 'fake-torch-cu13'], [CU12, 'fake-torch-cu13'], [], 'cu12'),
+    # a lock with both: the venv's metadata decides it
+    ([CU13, CU12, 'fake-torch-cu13'], [CU12, CU13, 'fake-torch-cu13'], [], 'cu13'),
+    # a declared override wins over what the metadata says, with a lock (the default profile's shape) or without
+    ([CU13, CU12, 'fake-torch-cu13'], None, [CU12], 'cu12'),
+    ([CU12, CU13, 'fake-torch-cu13'], None, [CU12], 'cu12'),
+    ([CU13, CU12, 'fake-torch'], [CU12, CU13, 'fake-torch'], [CU13], 'cu13'),
+    ([CU12, CU13, 'fake-torch'], [CU12, CU13, 'fake-torch'], [CU13], 'cu13'),
+], ids=['required-cu12-over', 'required-cu13-over', 'both-required-cu12-over', 'both-required-cu13-over',
+        'none-required', 'both-required-both-locked', 'lock-cu13', 'lock-cu12', 'lock-both-required-cu13',
+        'override-cu12-over', 'override-cu13-over', 'lock-override-cu12-over', 'lock-override-cu13-over'])
+def test_the_plan_converges_applied_twice(play, tmp_path, wheels, installs, lock, overrides, outcome):
+    """cu12 over cu13 or cu13 over cu12, audited, the plan applied, audited, applied again, audited: the venv ends
+    healthy with the bytes that its overrides, its lock or its own Requires-Dist decide, or, where nothing decides,
+    with an empty plan from the first audit on and a finding that says what to declare. No plan undoes another."""
+    venv = str(tmp_path / 'venv')
+    cache = {'UV_CACHE_DIR': str(tmp_path / 'uv')}
+    subprocess.run([UV, 'venv', '--quiet', venv], check=True, env=dict(os.environ, **cache))
+    offline = ['--offline', '--no-index', '--find-links', wheels]
+    for name in installs:  # one at a time, in this order
+        subprocess.run([UV, 'pip', 'install', '--quiet', '--python', venv, '--no-deps', name] + offline, check=True,
+                       env=dict(os.environ, **cache))
+    options = {'venv': venv, 'uv': UV, 'overrides': overrides, 'install_args': offline}
+    if lock:
+        (tmp_path / 'lock.txt').write_text(''.join('{0}==1.0\n'.format(name) for name in lock))
+        options['lock'] = str(tmp_path / 'lock.txt')
+    apply = {'ansible.builtin.command': {'argv': '{{ item }}'}, 'environment': cache}
+    r = play([{'gpufleet.proxmox.venv_audit': options, 'register': 'first'}, dict(apply, loop='{{ first.plan }}'),
+              {'gpufleet.proxmox.venv_audit': options, 'register': 'second'}, dict(apply, loop='{{ second.plan }}'),
+              {'gpufleet.proxmox.venv_audit': options}])
+    assert r.rc == 0, r.failures()
+    first, second, third = r.task(0), r.task(2), r.task(4)
+    assert second['plan'] == [] and third['plan'] == []
+    assert (second['healthy'], second['findings']) == (third['healthy'], third['findings'])
+    if outcome in ('cu12', 'cu13'):
+        assert second['healthy'], second['findings']
+        module = 'fake_torch_cu13' if 'fake-torch-cu13' in installs else 'fake_torch'
+        loaded = subprocess.run([os.path.join(venv, 'bin', 'python'), '-c',
+                                 'import {0}; print({0}.FLAVOUR)'.format(module)], capture_output=True, text=True)
+        assert loaded.stdout.strip() == outcome, loaded.stderr
+    else:
+        assert first['plan'] == [] and not first['healthy']
+        collisions = third['findings']['collisions']
+        assert {c['path'] for c in collisions} == {LIBDIR + '/' + lib for lib in LIBS}
+        assert all(c['decide'].endswith(outcome) for c in collisions), collisions
+        assert third['findings']['broken_distributions'] == []
+
+
+def test_a_library_only_an_import_opens_is_proven_by_the_imports_of_a_full_audit(play, tmp_path, wheels):
+    """fake_globaldeps' __init__ opens a library of its own with ctypes (as torch's opens libtorch_global_deps.so),
+    and that library needs a system library that is not there. No extension module needs it, so the ELF closure
+    calls it optional and the fast audit is healthy; the import fails, and the full audit with imports says so,
+    naming the library."""
+    venv = str(tmp_path / 'venv')
+    subprocess.run([UV, 'venv', '--quiet', venv], check=True)
+    subprocess.run([UV, 'pip', 'install', '--quiet', '--python', venv, '--no-deps', '--offline', '--no-index',
+                    '--find-links', wheels, 'fake-globaldeps', 'fake-rt-cu13', 'fake-torch'], check=True,
+                   env=dict(os.environ, UV_CACHE_DIR=str(tmp_path / 'uv')))
+    loaded = subprocess.run([os.path.join(venv, 'bin', 'python'), '-c', 'import fake_globaldeps'],
+                            capture_output=True, text=True)
+    assert loaded.returncode != 0 and 'libfakeglobal.so.1: cannot open shared object file' in loaded.stderr
+    modules = ['fake_torch', 'fake_globaldeps', 'json']
+    fast = audit(play, venv, imports=modules)
+    assert fast['healthy'] and fast['findings']['failed_imports'] == []
+    assert [o['soname'] for o in fast['optional_libraries']] == ['libfakeglobal.so.1']
+    full = audit(play, venv, mode='full', imports=modules)
+    assert not full['healthy'] and full['plan'] == []
+    assert full['findings']['failed_imports'] == [{
+        'module': 'fake_globaldeps', 'library': 'libfakeglobal.so.1',
+        'message': 'OSError: libfakeglobal.so.1: cannot open shared object file: No such file or directory'}]
+    bad = play([{'gpufleet.proxmox.venv_audit': {'venv': venv, 'mode': 'full', 'imports': ['json; import os']},
+                 'ignore_errors': True}]).task(0)
+    assert bad.get('failed') and "imports: 'json; import os' is not a module name" in bad['msg']

@@ -4,8 +4,8 @@ import pytest
 import base64
 import json
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import (_drift, _fleet, _lxc, _pveconf, _venv_build,
-                                                                      _verify_role)
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import (_drift, _fleet, _lxc, _pveconf, _venv,
+                                                                      _venv_build, _verify_role)
 
 
 @pytest.mark.parametrize('key,wanted,current,equal', [
@@ -232,6 +232,61 @@ def test_a_failed_audit_names_each_set_of_claimants_once():
     assert _venv_build.summary(findings) == (
         '3 files (nvidia/nccl/include/a.h, nvidia/nccl/include/b.h, ...) are claimed by nvidia-nccl-cu12, '
         'nvidia-nccl-cu13; x/__init__.py is claimed by x, y')
+
+
+LINUX = {'os_name': 'posix', 'sys_platform': 'linux', 'platform_system': 'Linux', 'platform_machine': 'x86_64',
+         'python_version': '3.11', 'python_full_version': '3.11.7', 'implementation_name': 'cpython'}
+
+
+@pytest.mark.parametrize('marker,extras,holds', [
+    ('platform_system == "Linux"', set(), True),
+    ('platform_system == "Linux" and platform_machine == "aarch64"', set(), False),
+    ('(platform_system == "Windows" or sys_platform == "linux") and python_version < "3.12"', set(), True),
+    ('python_version >= "3.12"', set(), False),
+    ('python_full_version ~= "3.11.0"', set(), True),
+    ('python_version == "3.*"', set(), True),
+    ("'linux' in sys_platform", set(), True),
+    ('extra == "cudnn"', set(), False),
+    ('extra == "cu-dnn"', {'cu-dnn'}, True),
+    ('platform_system == "Linux" and extra == "Cu_DNN"', {'cu-dnn'}, True),
+])
+def test_markers_of_requires_dist(marker, extras, holds):
+    assert _venv.marker_holds(marker, LINUX, extras) is holds
+
+
+def test_a_marker_it_cannot_read_is_refused():
+    with pytest.raises(ValueError):
+        _venv.marker_holds('platform_system == ', LINUX, set())
+    with pytest.raises(ValueError):
+        _venv.marker_holds('unknown_variable == "x"', LINUX, set())
+
+
+def test_what_the_installed_distributions_require():
+    dists = [{'key': 'torch', 'name': 'torch', 'requires': [
+        'nvidia-nccl-cu13==2.28.9; platform_system == "Linux"', 'cuda-toolkit[cudnn]==13.0.2; platform_system == "Linux"',
+        'opt-einsum>=3.3; extra == "opt-einsum"', 'tbb; platform_system == "Windows"', 'odd; what is this']},
+        {'key': 'cuda-toolkit', 'name': 'cuda-toolkit', 'requires': [
+            'nvidia-cudnn-cu13==9.19.0.56; extra == "cudnn"', 'nvidia-cublas==13.1; extra == "cublas"']},
+        {'key': 'nvidia-nccl-cu12', 'name': 'nvidia-nccl-cu12', 'requires': []}]
+    assert _venv.required_by(dists, LINUX) == {
+        'nvidia-nccl-cu13': ['torch'], 'cuda-toolkit': ['torch'], 'nvidia-cudnn-cu13': ['cuda-toolkit'],
+        'odd': ['torch']}  # a marker it cannot read counts as holding
+
+
+def test_who_wins_a_path_claimed_with_different_bytes():
+    requirers = {'nvidia-nccl-cu13': ['torch']}
+    pair = ['nvidia-nccl-cu12', 'nvidia-nccl-cu13']
+    assert _venv.decide(pair, {'nvidia-nccl-cu12'}, {}, requirers) == ('nvidia-nccl-cu12', 'overrides')
+    assert _venv.decide(pair, set(), {'nvidia-nccl-cu12': ('nvidia-nccl-cu12', '2.28.9')}, requirers) == \
+        ('nvidia-nccl-cu12', 'lock')
+    assert _venv.decide(pair, set(), {}, requirers) == ('nvidia-nccl-cu13', 'requirements')
+    wins, why = _venv.decide(pair, set(), {}, dict(requirers, **{'nvidia-nccl-cu12': ['torch-cu128']}))
+    assert wins is None and why == (
+        'nvidia-nccl-cu12 and nvidia-nccl-cu13 install this path with different bytes and each is required '
+        '(nvidia-nccl-cu12 by torch-cu128; nvidia-nccl-cu13 by torch): declare one in `overrides`, or give a lock')
+    locked = dict((k, (k, '1')) for k in pair)
+    assert _venv.decide(pair, set(), locked, {})[1].endswith('no installed distribution requires either: declare '
+                                                             'one in `overrides`, or remove all but one from the lock')
 
 
 def _ct(vmid, status, **extra):
