@@ -218,8 +218,12 @@ def uv_env(cache_dir=None, link_mode='copy'):
 
 
 def import_check(py, imports, env, timeout):
-    if imports:
-        run([py, '-c', 'import ' + ', '.join(imports)], env, timeout, 'import {0}'.format(', '.join(imports)))
+    """Each of imports imported in a fresh interpreter of the venv; raises BuildError naming each that fails and
+    why (the loader's message names the library it could not open)."""
+    failed = _venv.import_failures(py, imports, env, timeout)
+    if failed:
+        raise BuildError('; '.join('import {0} failed: {1}'.format(f['module'], f['message']) for f in failed),
+                         failed_imports=failed)
 
 
 def mend(link, lock, plan, overrides, install_args, uv, imports, env, timeout):
@@ -275,14 +279,19 @@ def summary(findings):
     parts = []
     for b in findings['broken_distributions']:
         parts.append('{0} {1} lacks {2} file(s)'.format(b['name'], b['version'], len(b['missing']) + len(b['modified'])))
-    by_claimants = {}
+    by_claimants, ask = {}, {}
     for c in findings['collisions']:
         by_claimants.setdefault(', '.join(c['claimed_by']), []).append(c['path'])
+        if c.get('decide'):
+            ask[', '.join(c['claimed_by'])] = c['decide'].split(': ', 1)[-1]
     for names, paths in sorted(by_claimants.items()):  # one part per set of claimants: two wheels can share 100 files
-        parts.append('{0} is claimed by {1}'.format(paths[0], names) if len(paths) == 1 else
-                     '{0} files ({1}, ...) are claimed by {2}'.format(len(paths), ', '.join(paths[:2]), names))
+        part = ('{0} is claimed by {1}'.format(paths[0], names) if len(paths) == 1 else
+                '{0} files ({1}, ...) are claimed by {2}'.format(len(paths), ', '.join(paths[:2]), names))
+        parts.append(part + (' ({0})'.format(ask[names]) if names in ask else ''))
     for u in findings['unresolved_libraries']:
         parts.append('{0} (needed by {1}) is not found'.format(u['soname'], ', '.join(u['needed_by'][:3])))
+    for f in findings.get('failed_imports') or ():
+        parts.append('import {0} failed: {1}'.format(f['module'], f['message']))
     for kind, items in sorted(findings['drift'].items()):
         for item in items:
             parts.append('{0} {1}'.format(kind.replace('_', ' '), item['name']))
@@ -292,7 +301,7 @@ def summary(findings):
 def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=(), install_args=(),
            cache_dir=None, keep=2, imports=('torch',), rollback=False, check=False, timeout=3600,
            python_version_wanted=None, meta=None, lock_text=None, uv_version=None, uv_find_links=None,
-           audit=False, repair=False, link_mode='copy'):
+           audit=False, repair=False, link_mode='copy', audit_mode='fast'):
     """Make the lock's venv active at link (building it when it does not exist yet), or roll back.
     With lock_text, that is the lock, and it is written to lock_path once its venv is active (so the lock on
     the target always describes the active venv). With uv_version, uv is installed first where it is missing.
@@ -301,7 +310,9 @@ def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=
     findings is acted on: its plan applied, the venv audited and imported again (repaired, repair_audit; in check
     mode only changed). Returns the result dict; raises ValueError for bad input (nothing changed), BuildError for a
     failed build (the active venv and the lock file untouched) and RepairError for a failed repair.
-    link_mode is uv's: copy, or hardlink from the uv cache (root and cache_dir on one mount)."""
+    link_mode is uv's: copy, or hardlink from the uv cache (root and cache_dir on one mount). audit_mode is the
+    active venv's audit's: fast, or full (sha256 of every file, and the imports imported)."""
+    _venv.check_imports(imports)
     env = uv_env(cache_dir, link_mode)
     if link_mode == 'hardlink':
         check_same_mount(root, cache_dir)
@@ -313,7 +324,8 @@ def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=
         own = os.path.join(venv, LOCK_COPY)
         # A venv built in this run was audited by its build, against the same lock, moments ago.
         lock = own if os.path.exists(own) else lock_path
-        result['audit'] = built_report or _venv.audit(link, lock, 'fast', 'uv', install_args, overrides, uv)
+        result['audit'] = built_report or _venv.audit(link, lock, audit_mode, 'uv', install_args, overrides, uv,
+                                                      list(imports), env, timeout)
         result['verified'] = _verified.read_record(venv)
         if repair and not result['audit']['healthy']:
             result.update(changed=True, repaired=not check)

@@ -84,6 +84,15 @@ options:
         when the lock's venv is already the active one.
     type: bool
     default: false
+  audit_mode:
+    description:
+      - The mode of the active venv's audit (O(audit=true)), as M(gpufleet.proxmox.venv_audit)'s O(mode).
+      - V(full) also compares sha256 hashes and imports the O(imports), each in a fresh interpreter of the venv (a
+        failed import is a finding, C(failed_imports), with the loader's message). A new venv is always audited in
+        V(fast) mode and its O(imports) imported.
+    type: str
+    choices: [fast, full]
+    default: fast
   repair:
     description:
       - With O(audit=true), apply the audit's repair plan where it found anything (in check mode, report a change),
@@ -233,7 +242,8 @@ def main():
         rollback=dict(type='bool', default=False), timeout=dict(type='int', default=3600),
         python_version=dict(type='str'), meta=dict(type='dict', default={}), lock_content=dict(type='str'),
         uv_version=dict(type='str'), uv_find_links=dict(type='path'), audit=dict(type='bool', default=False),
-        repair=dict(type='bool', default=False), link_mode=dict(type='str', default='copy', choices=['copy', 'hardlink'])),
+        repair=dict(type='bool', default=False), link_mode=dict(type='str', default='copy', choices=['copy', 'hardlink']),
+        audit_mode=dict(type='str', default='fast', choices=['fast', 'full'])),
         required_if=[('rollback', False, ('lock',))], supports_check_mode=True)
     p = module.params
     try:
@@ -241,7 +251,7 @@ def main():
                                     p['install_args'], p['cache_dir'], p['keep'], p['imports'], p['rollback'],
                                     module.check_mode, p['timeout'], p['python_version'],
                                     p['meta'], p['lock_content'], p['uv_version'], p['uv_find_links'],
-                                    p['audit'], p['repair'], p['link_mode'])
+                                    p['audit'], p['repair'], p['link_mode'], p['audit_mode'])
     except _venv_build.RepairError as e:
         module.fail_json(msg='venv_build: the repair of {0} failed: {1}'.format(p['link'], e), **e.details)
     except _venv_build.BuildError as e:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from fakewheels import lock, wheels  # noqa: F401 (a fixture)
+from fakewheels import Index, lock, wheels  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.lab
 
@@ -179,3 +179,46 @@ def test_repair_applies_the_audits_plan_and_a_failed_step_is_named(build, tmp_pa
 def flavour_fails(link):
     return subprocess.run([os.path.join(link, 'bin', 'python'), '-c', 'import fake_torch'],
                           capture_output=True).returncode != 0
+
+
+def test_a_repair_installs_from_the_cache_and_downloads_nothing(build, tmp_path, wheels):
+    """The incident repaired through an index with the cache warm from the build: no wheel is fetched again (uv's
+    --reinstall-package would fetch each one it reinstalls), and with the index gone the repair still succeeds."""
+    link = str(tmp_path / 'venv')
+    index = Index(wheels, str(tmp_path / 'index'))
+    try:
+        online = {'install_args': ['--index-url', index.url], 'audit': True, 'repair': True}
+        first = lock(wheels, tmp_path / 'a.lock', *STACK)
+        assert build(first, **online)['audit']['healthy']
+        fetched = index.wheel_bytes
+        assert sorted(index.wheels) == ['fake_rt_cu12-1.0-py3-none-any.whl', 'fake_rt_cu13-1.0-py3-none-any.whl',
+                                        'fake_torch-1.0-py3-none-any.whl']
+        for reachable in (True, False):
+            subprocess.run([UV, 'pip', 'uninstall', '--python', os.path.join(link, 'bin', 'python'), 'fake-rt-cu13'],
+                           check=True, capture_output=True)
+            assert flavour_fails(link)
+            if not reachable:
+                index.stop()
+            fixed = build(first, **online)
+            assert fixed['repaired'] and fixed['repair_audit']['healthy'] and flavour(link) == 'cu13', reachable
+            assert 'fake-rt-cu12' in ' '.join(' '.join(argv) for argv in fixed['audit']['plan'])
+            assert index.wheel_bytes == fetched, index.wheels
+    finally:
+        index.stop()
+
+
+def test_a_full_audit_of_the_active_venv_imports_its_imports(build, tmp_path, wheels):
+    """A library that only an import opens (with ctypes) is missing: the fast audit cannot see it, the full audit
+    of the active venv imports the imports and names it, and a repair that cannot fix it fails saying so."""
+    stack = lock(wheels, tmp_path / 'a.lock', *(STACK + ('fake-globaldeps==1.0',)))
+    assert build(stack, audit=True)['audit']['healthy']  # imports: fake_torch only
+    imports = ['fake_torch', 'fake_globaldeps']
+    fast = build(stack, audit=True, imports=imports)
+    assert fast['audit']['healthy'] and not fast['changed']
+    full = build(stack, audit=True, audit_mode='full', imports=imports)
+    assert not full['audit']['healthy'] and full['audit']['plan'] == []
+    assert [(f['module'], f['library']) for f in full['audit']['findings']['failed_imports']] == \
+        [('fake_globaldeps', 'libfakeglobal.so.1')]
+    failed = build(stack, fail=True, audit=True, repair=True, audit_mode='full', imports=imports)
+    assert 'import fake_globaldeps failed: OSError: libfakeglobal.so.1: cannot open shared object file' in failed['msg']
+    assert failed['failed_imports'][0]['library'] == 'libfakeglobal.so.1'
