@@ -17,8 +17,14 @@
 (c) In that container, venv_audit's audit (the module's code, fast and full mode) on the torch venv, against
     `python -c "import torch"` there. Goal: fast <= 2x the import. With cu130 the audit's findings on the
     real CUDA stack are recorded too.
+(d) cpu only: the bytes a repair downloads with the node's cache warm (goal: 0). The node's wheelhouse is served
+    as an index (PEP 503, over HTTP from the node's bridge address, counting the wheels' bytes it sends); in the
+    container a venv is installed from the lock through it and the node's cache, torch's largest library is deleted,
+    and venv_audit's plan (through the same index) is applied. uv's --reinstall-package would fetch torch again
+    (it implies --refresh-package); the plan's uninstall and install take it from the cache.
+    `--repair-only` builds one container and runs (d) alone.
 Each in-container figure is the median of 3. Results print as a table and go to bench/results/venv.json
-(venv-cu130.json for cu130).
+(venv-cu130.json for cu130; venv-repair.json for --repair-only).
 """
 
 import argparse
@@ -27,6 +33,7 @@ import glob
 import json
 import os
 import pathlib
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -37,11 +44,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
+sys.path.insert(0, os.path.join(ROOT, 'tests', 'integration'))
 
 from conftest import ONE_STORE, Pve, _api, site  # noqa: E402
 from gpufleet.lab import manager  # noqa: E402
 from gpufleet.lab.layout import Lab  # noqa: E402
 import figures as figures_file  # noqa: E402
+from fakewheels import Index  # noqa: E402
 
 VMIDS = (341, 342)
 LOCKS = '/opt/gpufleet/profiles/{0}/requirements.lock'
@@ -167,13 +176,63 @@ def push_collection(vmid):
         sh(vmid, 'touch /tmp/gp/{0}/__init__.py'.format(pkg))
 
 
+NODE_CACHE = '/var/cache/gpufleet/uv'
+BRIDGE = '10.77.0.1'  # the node on the lab's bridge, as the containers reach it
+
+
+def repair_download(vmid, wheelhouse, lock):
+    """(d): {d_fill_download_bytes, d_repair_download_bytes, d_repair_s, d_plan, d_repaired_healthy}."""
+    root = tempfile.mkdtemp(prefix='venv-bench-index-')
+    index = Index(wheelhouse, root, host=BRIDGE)
+    target = '/var/tmp/repair-venv'
+    env = 'UV_CACHE_DIR={0} UV_LINK_MODE=copy UV_NO_PROGRESS=1 '.format(NODE_CACHE)
+    out = {}
+    try:
+        sh(vmid, 'rm -rf {0} && {1} venv -q --python /usr/bin/python3 {0}'.format(target, UV))
+        sh(vmid, env + '{0} pip install -q --python {1}/bin/python --no-deps --require-hashes --index-url {2} '
+                       '-r {3}'.format(UV, target, index.url, lock))
+        out['d_fill_download_bytes'] = index.wheel_bytes
+        sh(vmid, 'rm {0}/lib/python3*/site-packages/torch/lib/libtorch_cpu.so'.format(target))
+        audit = ('cd /tmp/gp && /usr/bin/python3 -c "import json; from ansible_collections.gpufleet.proxmox.plugins.'
+                 'module_utils import _venv; print(json.dumps(_venv.audit(\'{0}\', \'{1}\', uv=\'{2}\', '
+                 'install_args=[\'--index-url\', \'{3}\'])))"').format(target, lock, UV, index.url)
+        report = json.loads(sh(vmid, audit))
+        out['d_plan'] = report['plan']
+        before, fetched = index.wheel_bytes, len(index.wheels)
+        started = time.monotonic()
+        for argv in report['plan']:
+            sh(vmid, env + ' '.join(shlex.quote(a) for a in argv))
+        out['d_repair_s'] = round(time.monotonic() - started, 2)
+        out['d_repair_download_bytes'] = index.wheel_bytes - before
+        out['d_repair_downloaded'] = index.wheels[fetched:]
+        out['d_repaired_healthy'] = json.loads(sh(vmid, audit))['healthy']
+    finally:
+        index.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        subprocess.run(['pct', 'exec', str(vmid), '--', 'rm', '-rf', target], capture_output=True)
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--profile', default='cpu', choices=('cpu', 'cu130'))
     parser.add_argument('--link-mode', default='copy', choices=('copy', 'hardlink'))
+    parser.add_argument('--repair-only', action='store_true', help='one container, and (d) alone (cpu profile)')
     args = parser.parse_args()
     profile, link_mode = args.profile, args.link_mode
     lock = LOCKS.format(profile)
+    if args.repair_only:
+        lab, pve = lab_with(VMIDS[:1])
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix='venv-bench-'))
+        try:
+            site_run(tmp, [entry(VMIDS[0], 'cpu')], 'copy')
+            push_collection(VMIDS[0])
+            figures = repair_download(VMIDS[0], lab.wheelhouse, LOCKS.format('cpu'))
+        finally:
+            pve.cleanup()
+            shutil.rmtree(tmp, ignore_errors=True)
+        figures_file.save('venv-repair', figures)
+        return
     lab, pve = lab_with(VMIDS)
     cache = os.path.join(lab.root, 'node', 'var', 'cache', 'gpufleet', 'uv')
     store = os.path.join(lab.root, 'node', 'var', 'lib', 'gpufleet', 'store')
@@ -216,6 +275,8 @@ def main():
             sh(ct, 'rm -rf /var/tmp/b-*')
 
         push_collection(ct)
+        if profile == 'cpu' and link_mode == 'copy':
+            figures.update(repair_download(ct, lab.wheelhouse, lock))
         figures['c_import_torch_s'] = timed_in(ct, '/root/venv/bin/python -c "import torch"')
         figures['c_audit_fast_s'] = timed_in(ct, audit_command(lock, 'fast', healthy=True))
         figures['c_audit_full_s'] = timed_in(ct, audit_command(lock, 'full', healthy=True))
