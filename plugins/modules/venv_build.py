@@ -86,7 +86,7 @@ options:
     default: false
   audit_mode:
     description:
-      - The mode of the active venv's audit (O(audit=true)), as M(gpufleet.proxmox.venv_audit)'s O(mode).
+      - The mode of the active venv's audit (O(audit=true)), as M(gpufleet.proxmox.venv_audit)'s O(gpufleet.proxmox.venv_audit#module:mode).
       - V(full) also compares sha256 hashes and imports the O(imports), each in a fresh interpreter of the venv (a
         failed import is a finding, C(failed_imports), with the loader's message). A new venv is always audited in
         V(fast) mode and its O(imports) imported.
