@@ -21,7 +21,8 @@
     as an index (PEP 503, over HTTP from the node's bridge address, counting the wheels' bytes it sends); in the
     container a venv is installed from the lock through it and the node's cache, torch's largest library is deleted,
     and venv_audit's plan (through the same index) is applied. uv's --reinstall-package would fetch torch again
-    (it implies --refresh-package); the plan's uninstall and install take it from the cache.
+    (it implies --refresh-package; measured too, as d_reinstall_package_download_bytes); the plan's uninstall and
+    install take it from the cache.
     `--repair-only` builds one container and runs (d) alone.
 Each in-container figure is the median of 3. Results print as a table and go to bench/results/venv.json
 (venv-cu130.json for cu130; venv-repair.json for --repair-only).
@@ -206,6 +207,12 @@ def repair_download(vmid, wheelhouse, lock):
         out['d_repair_download_bytes'] = index.wheel_bytes - before
         out['d_repair_downloaded'] = index.wheels[fetched:]
         out['d_repaired_healthy'] = json.loads(sh(vmid, audit))['healthy']
+        # The same repair as plans made it before: uv's --reinstall-package (it implies --refresh-package).
+        sh(vmid, 'rm {0}/lib/python3*/site-packages/torch/lib/libtorch_cpu.so'.format(target))
+        before = index.wheel_bytes
+        sh(vmid, env + '{0} pip install --python {1}/bin/python --no-deps --reinstall-package torch {2} '
+                       '--index-url {3}'.format(UV, target, shlex.quote(report['plan'][-1][6]), index.url))
+        out['d_reinstall_package_download_bytes'] = index.wheel_bytes - before
     finally:
         index.stop()
         shutil.rmtree(root, ignore_errors=True)
