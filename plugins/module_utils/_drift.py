@@ -74,6 +74,8 @@ def container(driver=None, build=None, report=None):
     for u in findings.get('unresolved_libraries') or []:
         items.append(_item('venv', 'unresolved_library', '{0} needed by {1} is not found (provided by {2})'.format(
             u['soname'], ', '.join(u['needed_by'][:3]), ', '.join(u.get('provided_by') or []) or 'nothing installed')))
+    for f in findings.get('failed_imports') or []:
+        items.append(_item('venv', 'failed_import', 'import {0} fails: {1}'.format(f['module'], f.get('message'))))
     for kind, entries in sorted((findings.get('drift') or {}).items()):
         for e in entries:
             items.append(_item('venv', kind.rstrip('s') if kind != 'missing' else 'missing_package',
