@@ -2,7 +2,7 @@
 # Copyright: gpufleet.proxmox contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Action for gpufleet.proxmox.verify_container: one container's verification in one task. The decisions are
-module_utils _verify_role's; this runs the modules they call for (slurp of the venv's marker, venv_audit,
+plugin_utils _verdict's; this runs the modules they call for (slurp of the venv's marker, venv_audit,
 torch_verify) over the task's connection."""
 
 from __future__ import absolute_import, division, print_function
@@ -11,7 +11,7 @@ __metaclass__ = type
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _verify_role
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _verdict
 
 SPEC = {
     'venv': {'type': 'path', 'default': '/root/venv'},
@@ -52,7 +52,7 @@ class ActionModule(ActionBase):
         if 'id' not in built:  # torch_venv did not run: the venv's marker says what it was built from
             read = self._module('ansible.legacy.slurp', {'src': args['venv'] + '/gpufleet-venv.json'}, task_vars)
             marker = read.get('content') if not read.get('failed') else None
-        now = _verify_role.state({
+        now = _verdict.state({
             'marker': marker, 'built': built, 'driver': args['driver'], 'gpus': args['gpus'],
             'devices': args['devices'], 'node_driver': args['node_driver'],
             'container_changed': args['container_changed'], 'venv': args['venv'],
@@ -74,9 +74,9 @@ class ActionModule(ActionBase):
                 record_fingerprint=now['fingerprint'] if 'id' in built else None,
                 **dict(('expect_' + k, v) for k, v in expect.items() if v not in (None, ''))), task_vars)
         host = task_vars.get('inventory_hostname')
-        report = _verify_role.report(now, audit, probe, host, args['node'], args['vmid'], args['run'])
+        report = _verdict.report(now, audit, probe, host, args['node'], args['vmid'], args['run'])
         result.update(changed=False, state=now, ansible_facts={
-            'verify_audit': _verify_role.plain(audit), 'verify_result': _verify_role.plain(probe), 'verify_report': report})
+            'verify_audit': _verdict.plain(audit), 'verify_result': _verdict.plain(probe), 'verify_report': report})
         if not report['ok']:
-            result['msg'] = '{0}: {1}'.format(host, '; '.join(_verify_role.problems(audit, probe)))
+            result['msg'] = '{0}: {1}'.format(host, '; '.join(_verdict.problems(audit, probe)))
         return result

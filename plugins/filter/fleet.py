@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.proxmox contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters over the fleet definition and its reports (the logic lives in module_utils: _fleet, _drift and _verify).
+"""Filters over the fleet definition and its reports (the logic lives in module_utils/_fleet, plugin_utils/_drift and plugin_utils/_verdict).
 Each filter imports its module_utils when it is called: Ansible loads this file in every worker that uses any of
 its filters, and most use one."""
 
@@ -13,7 +13,8 @@ import importlib
 
 
 def _utils(name):
-    return importlib.import_module('ansible_collections.gpufleet.proxmox.plugins.module_utils.' + name)
+    where = 'module_utils' if name == '_fleet' else 'plugin_utils'
+    return importlib.import_module('ansible_collections.gpufleet.proxmox.plugins.{0}.{1}'.format(where, name))
 
 
 def fleet_hosts(running, fleet, devices=None):
@@ -29,7 +30,7 @@ def fleet_power(specs, restart):
 
 
 def fleet_verify_summary(reports, containers, reconcile, run=None, check_mode=False):
-    return _utils('_verify_role').fleet(reports, containers, reconcile, run, check_mode)
+    return _utils('_verdict').fleet(reports, containers, reconcile, run, check_mode)
 
 
 def fleet_drift(data, kind, *args):

@@ -14,10 +14,9 @@ __metaclass__ = type
 
 import re
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pvecheck
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_devices, _pvecheck
 
 # Device nodes every GPU container gets besides its /dev/nvidiaN.
-CONTROL_NODES = ('/dev/nvidiactl', '/dev/nvidia-uvm', '/dev/nvidia-uvm-tools', '/dev/nvidia-modeset')
 ENTRY_KEYS = ('vmid', 'hostname', 'node', 'gpus', 'cores', 'memory', 'swap', 'rootfs', 'net', 'template',
               'storage', 'unprivileged', 'features', 'tags', 'description', 'onboot', 'mounts', 'devices',
               'state', 'venv_profile', 'nameserver', 'searchdomain')
@@ -160,10 +159,7 @@ def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, pas
 
 def gpu_nodes(entry, node_gpus):
     """The device nodes a container's GPUs need: its /dev/nvidiaN, then the control nodes (none without GPUs)."""
-    gpus = gpu_list(entry, node_gpus)
-    if not gpus:
-        return []
-    return [{'path': '/dev/nvidia{0}'.format(g)} for g in gpus] + [{'path': p} for p in CONTROL_NODES]
+    return [{'path': p} for p in _nvidia_devices.passthrough_paths(gpu_list(entry, node_gpus))]
 
 
 def raw_lines(devices, majors):
@@ -172,14 +168,7 @@ def raw_lines(devices, majors):
     for dev in devices:
         path = dev['path']
         name = path[len('/dev/'):]
-        if name.startswith('nvidia-uvm'):
-            major, minor = majors.get('nvidia-uvm'), 0 if name == 'nvidia-uvm' else 1
-        elif name == 'nvidiactl':
-            major, minor = 195, 255
-        elif name == 'nvidia-modeset':
-            major, minor = 195, 254
-        else:
-            major, minor = 195, int(name[len('nvidia'):]) if name[len('nvidia'):].isdigit() else None
+        major, minor = _nvidia_devices.numbers(path, majors)
         if major is not None and minor is not None:
             lines.append('lxc.cgroup2.devices.allow: c {0}:{1} rw'.format(major, minor))
         lines.append('lxc.mount.entry: {0} dev/{1} none bind,optional,create=file'.format(path, name))

@@ -10,7 +10,6 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import errno
 import os
 import re
 import shutil
@@ -18,27 +17,10 @@ import stat
 import subprocess
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import read_text, replace_link, write_text
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._nvidia_devices import (
+    CONTROL_NODES, UVM_NODES, char_majors, gpu_indexes, node_info)
 
-FRONTEND_MAJOR = 195
-CONTROL_NODES = {'nvidiactl': 255, 'nvidia-modeset': 254}
-UVM_NODES = {'nvidia-uvm': 0, 'nvidia-uvm-tools': 1}
 VERSION_RE = re.compile(r'Kernel Module(?: for [^ ]+)?\s+(\d+\.\d+(?:\.\d+)?)')
-
-
-def char_majors(proc_root='/proc'):
-    """{name: major} of the character devices /proc/devices lists."""
-    out = {}
-    try:
-        with open(os.path.join(proc_root, 'devices')) as fh:
-            for line in fh:
-                if line.startswith('Block'):
-                    break
-                parts = line.split()
-                if len(parts) == 2 and parts[0].isdigit():
-                    out[parts[1]] = int(parts[0])
-    except (IOError, OSError):
-        pass
-    return out
 
 
 def driver_version(proc_root='/proc'):
@@ -49,37 +31,6 @@ def driver_version(proc_root='/proc'):
     except (IOError, OSError):
         return None
     return m.group(1) if m else None
-
-
-def node_info(path):
-    """{path, major, minor, mode} of a character node, or None."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    if not stat.S_ISCHR(st.st_mode):
-        return None
-    return {'path': path, 'major': os.major(st.st_rdev), 'minor': os.minor(st.st_rdev),
-            'mode': '{0:04o}'.format(stat.S_IMODE(st.st_mode))}
-
-
-def probe_open(path):
-    """What opening a device node gives: ok, EPERM/EACCES (cgroup or permissions), ENXIO/ENODEV (no driver
-    behind it), ENOENT (no node)."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
-    except OSError as e:
-        return errno.errorcode.get(e.errno, str(e.errno))
-    os.close(fd)
-    return 'ok'
-
-
-def gpu_indexes(dev_dir='/dev'):
-    try:
-        names = os.listdir(dev_dir)
-    except OSError:
-        return []
-    return sorted(int(n[6:]) for n in names if re.match(r'^nvidia\d+$', n))
 
 
 def nvidia_smi(executable):

@@ -7,7 +7,7 @@ switch a stable symlink to it atomically, keeping the previous ones for rollback
     <root>/<id>/                 a venv; <id> = sha256 of the lock, the overrides and the Python version
     <root>/<id>/gpufleet-venv.json   written last: a venv without it is an unfinished build
     <root>/<id>/gpufleet-requirements.lock   the lock it was built from
-    <root>/<id>/gpufleet-verified.json   torch_verify's record of the venv's last passing verification (_verified)
+    <root>/<id>/gpufleet-verified.json   torch_verify's record of the venv's last passing verification (_verify_record)
     <root>/history.json          the ids in the order they were made active, newest last
     <link> -> <root>/<id>        the stable path jobs use (/root/venv)
 
@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv, _verified
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv, _verify_record
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import (
     read_json, read_text, replace_link, write_json, write_text)
 
@@ -326,7 +326,7 @@ def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=
         lock = own if os.path.exists(own) else lock_path
         result['audit'] = built_report or _venv.audit(link, lock, audit_mode, 'uv', install_args, overrides, uv,
                                                       list(imports), env, timeout)
-        result['verified'] = _verified.read_record(venv)
+        result['verified'] = _verify_record.read_record(venv)
         if repair and not result['audit']['healthy']:
             result.update(changed=True, repaired=not check)
             if not check:

@@ -165,7 +165,7 @@ unresolved_libraries:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _verified, _verify
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _torch_probe, _verify_record
 
 
 def main():
@@ -179,12 +179,12 @@ def main():
         dev_dir=dict(type='path', default='/dev'), timeout=dict(type='int', default=300),
         record_fingerprint=dict(type='str')),
         supports_check_mode=True)
-    result = _verify.verify(module.params['venv'], module.params, module.params['dev_dir'])
+    result = _torch_probe.verify(module.params['venv'], module.params, module.params['dev_dir'])
     if result['failures']:
-        module.fail_json(msg='torch_verify: {0}'.format(_verify.message(result)), changed=False, **result)
+        module.fail_json(msg='torch_verify: {0}'.format(_torch_probe.message(result)), changed=False, **result)
     if module.params['record_fingerprint'] and not module.check_mode:
         try:
-            _verified.write_record(module.params['venv'], module.params['record_fingerprint'], result)
+            _verify_record.write_record(module.params['venv'], module.params['record_fingerprint'], result)
             result['recorded'] = True
         except (IOError, OSError) as e:
             module.warn('torch_verify: the verification passed but could not be recorded: {0}'.format(e))

@@ -4,8 +4,9 @@ import pytest
 import base64
 import json
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import (_drift, _fleet, _lxc, _pveconf, _venv,
-                                                                      _venv_build, _verify_role)
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import (_fleet, _lxc, _nvidia_devices, _pveconf, _venv,
+                                                                      _venv_build)
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _drift, _verdict
 
 
 @pytest.mark.parametrize('key,wanted,current,equal', [
@@ -65,7 +66,7 @@ def test_fleet_specs_and_raw_lines():
     spec = _fleet.specs(fleet, {'gpu01': [0, 1, 2]}, {'storage': 'local-zfs', 'cores': 4}, 'devn',
                         {'gpu01': '/opt/gpufleet/driver/580.95.05,mp=/opt/nvidia-driver,ro=1'})[0]
     assert spec['rootfs'] == 'local-zfs:32' and spec['cores'] == 4 and spec['net'] == {'net0': 'name=eth0,bridge=vmbr0'}
-    assert [d['path'] for d in spec['devices']] == ['/dev/nvidia2'] + list(_fleet.CONTROL_NODES)
+    assert [d['path'] for d in spec['devices']] == ['/dev/nvidia2'] + list(_nvidia_devices.PASSTHROUGH_CONTROL)
     assert spec['mounts'] == {'mp255': '/opt/gpufleet/driver/580.95.05,mp=/opt/nvidia-driver,ro=1'}
     shares = {'gpu01': [{'path': '/var/cache/gpufleet/uv', 'mp': '/var/cache/gpufleet/uv'},
                         {'path': '/srv/wh', 'mp': '/opt/gpufleet/wheelhouse', 'read_only': True}]}
@@ -162,29 +163,29 @@ def _facts(**over):
 
 
 def test_verify_state_expects_from_the_profile_and_the_container():
-    now = _verify_role.state(_facts())
+    now = _verdict.state(_facts())
     assert now['cuda'] and now['audited'] and now['audit'] == {'healthy': True}
     assert now['expect'] == {'torch_version': '2.11.0+cu128', 'cuda_version': '12.8', 'cudnn_version': None,
                              'nccl_version': None, 'device_count': 2, 'driver_version': '580'}
-    cpu = _verify_role.state(_facts(gpus=[], settings=dict(_facts()['settings'], expect={'torch_version': 'x'})))
+    cpu = _verdict.state(_facts(gpus=[], settings=dict(_facts()['settings'], expect={'torch_version': 'x'})))
     assert not cpu['cuda'] and cpu['expect']['device_count'] is None and cpu['expect']['torch_version'] == 'x'
     # where torch_venv did not run: the profile from the venv's marker, and the role audits
     marker = base64.b64encode(json.dumps({'meta': {'profile': 'q', 'expect': {}}}).encode()).decode()
-    alone = _verify_role.state(_facts(marker=marker, built=None))
+    alone = _verdict.state(_facts(marker=marker, built=None))
     assert alone['meta']['profile'] == 'q' and not alone['audited'] and not alone['reuse']
     # a repair run: the audit of the repaired venv stands (no second audit), and the venv is verified again
     repaired = dict(_facts()['built'], changed=True, repaired=True, audit={'healthy': False},
                     repair_audit={'healthy': True, 'findings': {}})
-    after = _verify_role.state(_facts(built=repaired, check_mode=False))
+    after = _verdict.state(_facts(built=repaired, check_mode=False))
     assert after['audited'] and after['audit'] == repaired['repair_audit'] and not after['reuse']
-    assert not _verify_role.state(_facts(built=dict(repaired, repair_audit=None), check_mode=False))['audited']
+    assert not _verdict.state(_facts(built=dict(repaired, repair_audit=None), check_mode=False))['audited']
 
 
 def test_verify_state_reuses_a_record_only_while_what_it_saw_holds():
-    fingerprint = _verify_role.state(_facts())['fingerprint']
+    fingerprint = _verdict.state(_facts())['fingerprint']
     record = {'fingerprint': fingerprint, 'verified_at': 100, 'age_s': 60, 'result': {'torch_version': 't'}}
     built = dict(_facts()['built'], verified=record)
-    now = _verify_role.state(_facts(built=built))
+    now = _verdict.state(_facts(built=built))
     assert now['reuse'] and now['result'] == {'torch_version': 't', 'reused': True, 'verified_at': 100, 'age_s': 60}
     for over in ({'built': dict(built, changed=True)}, {'container_changed': True},
                  {'driver': {'version': '580', 'library': '/x', 'changed': True}},
@@ -193,34 +194,34 @@ def test_verify_state_reuses_a_record_only_while_what_it_saw_holds():
                  {'gpus': [0]},
                  {'settings': dict(_facts()['settings'], max_age=0)},
                  {'settings': dict(_facts()['settings'], audit_mode='full')}):
-        assert not _verify_role.state(_facts(built=over.pop('built', built), **over))['reuse'], over
+        assert not _verdict.state(_facts(built=over.pop('built', built), **over))['reuse'], over
 
 
 def test_verify_report_is_ok_only_with_a_healthy_audit_and_no_failure():
     now = {'meta': {'profile': 'p'}, 'expect': {'torch_version': 't'}}
-    good = _verify_role.report(now, {'healthy': True, 'findings': {}}, {'failures': [], 'torch_version': 't',
+    good = _verdict.report(now, {'healthy': True, 'findings': {}}, {'failures': [], 'torch_version': 't',
                                                                           'changed': False}, 'h', 'n', 1)
     assert good['ok'] and good['torch'] == {'failures': [], 'torch_version': 't'} and good['profile'] == 'p'
     assert good['audit'] == {'healthy': True, 'findings': {}, 'error': None}
-    assert not _verify_role.report(now, {'healthy': False}, {'failures': []}, 'h')['ok']
-    skipped = _verify_role.report(now, {'msg': 'no venv'}, {'skipped': True}, 'h')
+    assert not _verdict.report(now, {'healthy': False}, {'failures': []}, 'h')['ok']
+    skipped = _verdict.report(now, {'msg': 'no venv'}, {'skipped': True}, 'h')
     assert not skipped['ok'] and skipped['audit']['error'] == 'no venv'
 
 
 def test_verify_problems_name_the_failed_check_and_the_audit():
-    assert _verify_role.problems({'healthy': True}, {'failures': []}) == []
-    both = _verify_role.problems({'healthy': False, 'findings': {'missing': ['a']}},
+    assert _verdict.problems({'healthy': True}, {'failures': []}) == []
+    both = _verdict.problems({'healthy': False, 'findings': {'missing': ['a']}},
                                  {'failures': [{'check': 'torch_version'}], 'msg': 'torch_version: expected 1'})
     assert both == ['torch_version: expected 1', 'venv audit: {"missing": ["a"]}']
-    assert _verify_role.problems({'healthy': True}, {}) == ['torch was not verified']
-    assert _verify_role.problems({'msg': 'no venv at /root/venv'}, {'failures': []}) == ['venv audit: no venv at /root/venv']
+    assert _verdict.problems({'healthy': True}, {}) == ['torch was not verified']
+    assert _verdict.problems({'msg': 'no venv at /root/venv'}, {'failures': []}) == ['venv audit: no venv at /root/venv']
 
 
 def test_verify_keeps_plain_data_of_a_module_result():
     failed = {'failed': True, 'msg': 'm', 'failures': [{'check': 'torch_version'}], 'exception': object(),
               'invocation': {'module_args': {}}, '_ansible_no_log': False}
-    assert _verify_role.plain(failed) == {'failed': True, 'msg': 'm', 'failures': [{'check': 'torch_version'}]}
-    assert 'exception' not in _verify_role.report({}, {'healthy': True}, failed, 'h')['torch']
+    assert _verdict.plain(failed) == {'failed': True, 'msg': 'm', 'failures': [{'check': 'torch_version'}]}
+    assert 'exception' not in _verdict.report({}, {'healthy': True}, failed, 'h')['torch']
 
 
 def test_a_failed_audit_names_each_set_of_claimants_once():
@@ -305,7 +306,7 @@ def test_the_fleet_verdict_covers_every_container_of_the_definition():
     good = {'host': 'a', 'node': 'pve1', 'vmid': 201, 'run': 'r1', 'ok': True, 'expected': {'device_count': 0},
             'torch': {'torch_version': '2.11.0', 'failures': []}, 'audit': {'healthy': True, 'findings': {}}}
     stale = dict(good, host='d', vmid=204, run='r0')
-    out = _verify_role.fleet([good, stale], fleet, read, {'id': 'r1', 'started': 't'})
+    out = _verdict.fleet([good, stale], fleet, read, {'id': 'r1', 'started': 't'})
     assert [(r['host'], r['state'], r['ok']) for r in out['containers']] == [
         ('a', 'verified', True), ('b', 'missing', False), ('c', 'stopped', False), ('d', 'unreached', False),
         ('e', 'stopped', None)]
@@ -315,14 +316,14 @@ def test_the_fleet_verdict_covers_every_container_of_the_definition():
     assert out['containers'][1]['why'] == 'CT 202 does not exist on pve1'
     # Every container of the fleet gone (the lab reset): nothing verified, never ok.
     gone = {'checked_only': True, 'containers': [_ct(e['vmid'], 'running', created=True) for e in fleet[:5]]}
-    out = _verify_role.fleet([], fleet, gone, {'id': 'r2'})
+    out = _verdict.fleet([], fleet, gone, {'id': 'r2'})
     assert not out['ok'] and out['verified'] == 0 and out['expected'] == 5
     assert set(r['state'] for r in out['containers']) == {'missing'}
     # A site run (not read-only) judges the containers as it left them; the API not read at all: unread.
     done = {'containers': [_ct(201, 'running', created=True)]}
-    assert _verify_role.fleet([dict(good, run=None)], fleet[:1], done)['ok'] is True
-    assert _verify_role.fleet([], fleet[:1], {})['containers'][0]['state'] == 'unread'
-    assert _verify_role.fleet([], [], {})['ok'] is False  # an empty fleet is not a verified one
+    assert _verdict.fleet([dict(good, run=None)], fleet[:1], done)['ok'] is True
+    assert _verdict.fleet([], fleet[:1], {})['containers'][0]['state'] == 'unread'
+    assert _verdict.fleet([], [], {})['ok'] is False  # an empty fleet is not a verified one
 
 
 def test_drift_names_the_containers_that_run_but_were_not_verified():

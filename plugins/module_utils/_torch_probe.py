@@ -19,7 +19,7 @@ import re
 import subprocess
 import time
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia, _venv
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_devices, _venv
 
 # Runs with the venv's interpreter; prints one JSON document on its last line. argv[1]: options as JSON.
 PROBE = r'''
@@ -154,7 +154,7 @@ def diagnose_devices(dev_dir='/dev', expect_count=None, expect_driver=None, driv
     for path in sorted(glob.glob(os.path.join(dev_dir, 'nvidia*'))):
         if os.path.isdir(path):
             continue
-        result = _nvidia.probe_open(path)
+        result = _nvidia_devices.probe_open(path)
         item = {'path': path, 'open': result}
         if result in ERRNO_WHY:
             item['why'] = ERRNO_WHY[result]
