@@ -11,29 +11,8 @@ __metaclass__ = type
 
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.gpufleet.proxmox.plugins.modules.verify_container import ARGUMENT_SPEC as SPEC
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _verdict
-
-SPEC = {
-    'venv': {'type': 'path', 'default': '/root/venv'},
-    'build': {'type': 'dict'},
-    'driver': {'type': 'dict'},
-    'gpus': {'type': 'list', 'elements': 'raw', 'default': []},
-    'devices': {'type': 'list', 'elements': 'raw', 'default': []},
-    'node_driver': {'type': 'str'},
-    'container_changed': {'type': 'bool', 'default': False},
-    'expect': {'type': 'dict', 'default': {}},
-    'require_cuda': {'type': 'raw', 'default': 'auto'},
-    'smoke': {'type': 'str', 'choices': ['none', 'matmul'], 'default': 'none'},
-    'min_tflops': {'type': 'float', 'default': 0},
-    'compile_check': {'type': 'bool', 'default': False},
-    'compile_backend': {'type': 'str', 'default': 'inductor'},
-    'audit_mode': {'type': 'str', 'choices': ['fast', 'full'], 'default': 'fast'},
-    'max_age': {'type': 'int', 'default': 0},
-    'timeout': {'type': 'int', 'default': 300},
-    'node': {'type': 'str'},
-    'vmid': {'type': 'int'},
-    'run': {'type': 'str'},
-}
 
 
 class ActionModule(ActionBase):

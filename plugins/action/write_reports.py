@@ -14,6 +14,8 @@ import tempfile
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.gpufleet.proxmox.plugins.modules.write_reports import ARGUMENT_SPEC
+
 
 def write_private(directory, name, data):
     """data as indented JSON in directory/name.json (mode 0600), replaced in one rename."""
@@ -45,15 +47,12 @@ def prune(directory, written):
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(('dir', 'reports', 'prune'))
+    _VALID_ARGS = frozenset(ARGUMENT_SPEC)
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
         result = super(ActionModule, self).run(tmp, task_vars)
-        args = self.validate_argument_spec(argument_spec={
-            'dir': {'type': 'path', 'required': True},
-            'reports': {'type': 'dict', 'required': True},
-            'prune': {'type': 'bool', 'default': False}})[1]
+        args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)[1]
         bad = sorted(n for n in args['reports'] if not n or '/' in n or n.startswith('.'))
         if bad:
             raise AnsibleActionFail('reports: not a file name: {0}'.format(', '.join(repr(n) for n in bad)))

@@ -174,3 +174,39 @@ ansible_facts:
       description: The container's report - host, node, vmid, run, profile, ok, expected, torch, audit.
       type: dict
 '''
+
+from ansible.module_utils.basic import AnsibleModule
+
+# The options, here beside DOCUMENTATION so that sanity checks one against the other; the action plugin
+# (plugins/action/verify_container.py) validates its task's arguments with this same spec.
+ARGUMENT_SPEC = {
+    'venv': {'type': 'path', 'default': '/root/venv'},
+    'build': {'type': 'dict'},
+    'driver': {'type': 'dict'},
+    'gpus': {'type': 'list', 'elements': 'raw', 'default': []},
+    'devices': {'type': 'list', 'elements': 'raw', 'default': []},
+    'node_driver': {'type': 'str'},
+    'container_changed': {'type': 'bool', 'default': False},
+    'expect': {'type': 'dict', 'default': {}},
+    'require_cuda': {'type': 'raw', 'default': 'auto'},
+    'smoke': {'type': 'str', 'choices': ['none', 'matmul'], 'default': 'none'},
+    'min_tflops': {'type': 'float', 'default': 0},
+    'compile_check': {'type': 'bool', 'default': False},
+    'compile_backend': {'type': 'str', 'default': 'inductor'},
+    'audit_mode': {'type': 'str', 'choices': ['fast', 'full'], 'default': 'fast'},
+    'max_age': {'type': 'int', 'default': 0},
+    'timeout': {'type': 'int', 'default': 300},
+    'node': {'type': 'str'},
+    'vmid': {'type': 'int'},
+    'run': {'type': 'str'},
+}
+
+
+def main():
+    """Reached only where the action plugin is bypassed: the task needs the controller to run its modules."""
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module.fail_json(msg='gpufleet.proxmox.verify_container runs as an action plugin on the controller')
+
+
+if __name__ == '__main__':
+    main()

@@ -65,3 +65,23 @@ removed:
   type: list
   elements: str
 '''
+
+from ansible.module_utils.basic import AnsibleModule
+
+# The options, here beside DOCUMENTATION so that sanity checks one against the other; the action plugin
+# (plugins/action/write_reports.py) validates its task's arguments with this same spec.
+ARGUMENT_SPEC = {
+    'dir': {'type': 'path', 'required': True},
+    'reports': {'type': 'dict', 'required': True},
+    'prune': {'type': 'bool', 'default': False},
+}
+
+
+def main():
+    """Reached only where the action plugin is bypassed: the reports are written on the controller."""
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module.fail_json(msg='gpufleet.proxmox.write_reports runs as an action plugin on the controller')
+
+
+if __name__ == '__main__':
+    main()
