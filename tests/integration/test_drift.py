@@ -197,6 +197,10 @@ def test_teardown_needs_its_confirmation(fleet, tmp_path, control):
     assert refused.rc != 0 and 'gpufleet_teardown_confirm={0},{1}'.format(A, B) in refused.stdout
     wrong = play('teardown.yml', tmp_path, fleet['fleet'], '-e', 'gpufleet_teardown_confirm={0}'.format(A))
     assert wrong.rc != 0 and '(got {0})'.format(A) in wrong.stdout
+    # the entry point's argument spec: a confirmation that is not a string is refused by name
+    odd = play('teardown.yml', tmp_path, fleet['fleet'], '-e', json.dumps({'gpufleet_teardown_confirm': [A, B]}))
+    assert odd.rc != 0 and 'Validation of arguments failed' in odd.stdout, odd.stdout[-3000:]
+    assert 'gpufleet_teardown_confirm' in odd.stdout
     dry = play('teardown.yml', tmp_path, fleet['fleet'], '--check')
     assert dry.rc == 0 and dry.stats['pve1']['changed'] == 1
     assert control.mutating_requests() == [] and pve.status(A) == 'running' and pve.status(B) == 'running'
