@@ -38,20 +38,16 @@ import shlex
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, 'tests'))
-sys.path.insert(0, os.path.join(ROOT, 'tests', 'integration'))
 
-from conftest import ONE_STORE, Pve, _api, site  # noqa: E402
 from gpufleet.lab import manager  # noqa: E402
 from gpufleet.lab.layout import Lab  # noqa: E402
 import figures as figures_file  # noqa: E402
-from fakewheels import Index  # noqa: E402
+from gpufleet.lab.testing import ONE_STORE, Index, Pve, api as _api, site  # noqa: E402
 
 VMIDS = (341, 342)
 LOCKS = '/opt/gpufleet/profiles/{0}/requirements.lock'

@@ -5,19 +5,17 @@ from PyPI requires nvidia-nccl-cu13), fake-torch-cu12 the cu12 one (as torch 2.1
 
 import argparse
 import base64
-import functools
 import hashlib
-import http.server
 import os
-import re
 import shutil
 import subprocess
 import sysconfig
 import tempfile
-import threading
 import zipfile
 
 import pytest
+
+from gpufleet.lab.testing import Index, sha256  # noqa: F401 (Index: for the tests that import it from here)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU = os.path.join(ROOT, 'roles', 'torch_venv', 'files', 'profiles', 'cpu')
@@ -145,14 +143,6 @@ def globaldeps(d, build):
                                         'fake_globaldeps/lib/libfake_global_deps.so': deps})
 
 
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, 'rb') as fh:
-        for block in iter(lambda: fh.read(1 << 20), b''):
-            h.update(block)
-    return h.hexdigest()
-
-
 def lock(wheels_dir, path, *names):
     """A hash-locked lock of the named wheels (name==version --hash=sha256:...), as uv pip compile writes."""
     lines = []
@@ -163,54 +153,6 @@ def lock(wheels_dir, path, *names):
     with open(path, 'w') as fh:
         fh.write('# hash-locked\n' + ''.join(lines))
     return str(path)
-
-
-class Index:
-    """A PEP 503 index of the wheels in a directory (linked from root), served over HTTP from this process, that counts
-    the bytes of the wheels it sends (wheel_bytes). stop() makes it unreachable. Its pages are dated a year back, so
-    that an installer may keep the ones it fetched as fresh (as it keeps PyPI's for their max-age)."""
-
-    def __init__(self, wheels_dir, root, host='127.0.0.1'):
-        old = os.path.getmtime(wheels_dir) - 365 * 86400
-        by_name = {}
-        for name in sorted(os.listdir(wheels_dir)):
-            if name.endswith('.whl'):
-                by_name.setdefault(re.sub(r'[-_.]+', '-', name.split('-')[0]).lower(), []).append(name)
-        for project, names in by_name.items():
-            d = os.path.join(root, 'simple', project)
-            os.makedirs(d, exist_ok=True)
-            links = []
-            for name in names:
-                os.symlink(os.path.abspath(os.path.join(wheels_dir, name)), os.path.join(d, name))
-                links.append('<a href="{0}#sha256={1}">{0}</a><br>'.format(name, sha256(os.path.join(d, name))))
-            with open(os.path.join(d, 'index.html'), 'w') as fh:
-                fh.write('<!DOCTYPE html><html><body>{0}</body></html>\n'.format(''.join(links)))
-            os.utime(os.path.join(d, 'index.html'), (old, old))
-        self.wheel_bytes = 0
-        self.wheels = []
-        index = self
-
-        class Handler(http.server.SimpleHTTPRequestHandler):
-            def copyfile(self, source, outputfile):
-                wheel = self.path.split('?')[0].endswith('.whl')
-                if wheel:
-                    index.wheels.append(os.path.basename(self.path))
-                for block in iter(lambda: source.read(1 << 16), b''):
-                    if wheel:
-                        index.wheel_bytes += len(block)
-                    outputfile.write(block)
-
-            def log_message(self, *args):
-                pass
-        self.server = http.server.ThreadingHTTPServer((host, 0), functools.partial(Handler, directory=root))
-        self.url = 'http://{0}:{1}/simple'.format(host, self.server.server_address[1])
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def stop(self):
-        if self.thread.is_alive():
-            self.server.shutdown()
-            self.server.server_close()
 
 
 def incident_profile(directory, wheels_dir):
