@@ -20,6 +20,7 @@ from proxmoxer import ProxmoxAPI
 
 from gpufleet.lab import manager
 from gpufleet.lab.layout import Lab, TEMPLATE
+from gpufleet.lab.testing import wait_task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -31,12 +32,8 @@ def timed(fn):
 
 
 def wait(node, upid):
-    while True:
-        st = node.tasks(upid).status.get()
-        if st['status'] == 'stopped':
-            assert st['exitstatus'] == 'OK', st
-            return
-        time.sleep(0.02)
+    st = wait_task(node, upid, poll=0.02, log=False)[0]
+    assert st['exitstatus'] == 'OK', st
 
 
 def cycle(lab, creds, vmid):

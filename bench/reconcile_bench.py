@@ -27,6 +27,7 @@ from proxmoxer import ProxmoxAPI
 
 from gpufleet.lab.control import Control
 from gpufleet.lab.layout import TEMPLATE, Lab
+from gpufleet.lab.testing import wait_task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -46,8 +47,7 @@ def ensure_containers(creds, count):
         if c['vmid'] not in have:
             upid = node.lxc.post(vmid=c['vmid'], hostname=c['hostname'], cores=1, memory=512,
                                  ostemplate='local:vztmpl/' + TEMPLATE, storage='local-lvm')
-            while node.tasks(upid).status.get()['status'] != 'stopped':
-                time.sleep(0.02)
+            wait_task(node, upid, poll=0.02, log=False)
     return api
 
 
@@ -56,8 +56,7 @@ def remove_containers(api, creds, count):
     for c in fleet(count):
         try:
             upid = node.lxc(c['vmid']).delete()
-            while node.tasks(upid).status.get()['status'] != 'stopped':
-                time.sleep(0.02)
+            wait_task(node, upid, poll=0.02, log=False)
         except Exception:  # noqa: BLE001 - already gone
             pass
 

@@ -27,6 +27,18 @@ ONE_STORE = {
 }
 
 
+def wait_task(node, upid, timeout=60, poll=0.05, log=True):
+    """(status, log lines) of a PVE task once it stopped (log None with log=False); node is proxmoxer's
+    api.nodes(name). The one task wait of the tests and the benchmarks (the collection's is module_utils/_pve's)."""
+    end = time.monotonic() + timeout
+    while True:
+        st = node.tasks(upid).status.get()
+        if st['status'] == 'stopped':
+            return st, [line['t'] for line in node.tasks(upid).log.get(limit=500)] if log else None
+        assert time.monotonic() < end, 'task {0} still running after {1} s'.format(upid, timeout)
+        time.sleep(poll)
+
+
 class Pve:
     """A thin proxmoxer wrapper for tests: wait on tasks, create and clean up containers."""
 
@@ -40,13 +52,7 @@ class Pve:
         return self.api.nodes(self.node)
 
     def wait(self, upid, timeout=60):
-        end = time.monotonic() + timeout
-        while True:
-            st = self.n.tasks(upid).status.get()
-            if st['status'] == 'stopped':
-                return st, [line['t'] for line in self.n.tasks(upid).log.get(limit=500)]
-            assert time.monotonic() < end, 'task {0} still running after {1} s'.format(upid, timeout)
-            time.sleep(0.05)
+        return wait_task(self.n, upid, timeout)
 
     def ok(self, upid):
         st, log = self.wait(upid)
