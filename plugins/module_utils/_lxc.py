@@ -533,7 +533,7 @@ class Reconciler(object):
             raise SpecError('vmid {0} does not exist; creating it needs {1}'.format(vmid, ' and '.join(missing)))
         self._check_passthrough(vmid, values, [])
         params = dict(values)
-        params.update(vmid=vmid, ostemplate=spec['ostemplate'], unprivileged=1 if spec.get('unprivileged', True) else 0)
+        params.update(vmid=vmid, ostemplate=spec['ostemplate'], unprivileged=1 if spec['unprivileged'] else 0)
         if spec.get('storage'):
             params['storage'] = spec['storage']
         if 'rootfs' not in params and any(key_family(k) == 'mp' for k in params):

@@ -331,13 +331,13 @@ from ansible_collections.gpufleet.proxmox.plugins.module_utils import _fleet, _l
 def argument_spec():
     spec = dict(_pve.CONNECTION_SPEC)
     spec.update(_lxc.CONTAINER_SPEC)
-    spec['state'] = dict(_lxc.CONTAINER_SPEC['state'], default='present')
-    for key in ('restart_on_pending', 'force', 'purge'):
-        spec[key] = dict(type='bool', default=False)
+    # the defaults a call's top-level options get are the ones each container entry gets (_lxc.DEFAULTS)
+    for key in ('state', 'restart_on_pending', 'force', 'purge'):
+        spec[key] = dict(_lxc.CONTAINER_SPEC[key], default=_lxc.DEFAULTS[key])
     # the entries' keys are checked with every other value of the container (see _lxc.validate), so that a wrong
     # entry is named: Ansible's own check of suboptions says only "dictionary requested"
     spec['devices'] = dict(type='list', elements='dict')
-    spec['pve_root'] = dict(type='path', default='/etc/pve')
+    spec['pve_root'] = dict(type='path', default=_lxc.DEFAULTS['pve_root'])
     spec['containers'] = dict(type='list', elements='dict')
     spec['lock_timeout'] = dict(type='int', default=60)
     spec['fleet'] = dict(type='dict', options=dict(
