@@ -94,6 +94,19 @@ def unverified(fleet):
                 for row in (fleet or {}).get('containers') or [] if row.get('state') in ('unreached', 'unread'))
 
 
+def fleet(devices, reconcile, definition, running, verdict, check_mode):
+    """The fleet's drift report from what a run saw: devices {node: its gpu_devices facts}; reconcile and
+    definition: gpu_container's lxc_container result and the fleet's entries; running {container hostname:
+    {driver, build, report}} (its userspace_driver and venv_build results, its verify report); verdict: the fleet's
+    verification (plugin_utils/_verdict.fleet), or None where it was not judged."""
+    hosts = containers(reconcile, definition)
+    for host, seen in sorted((running or {}).items()):
+        hosts.setdefault(host, []).extend(container(**seen))
+    for host, items in unverified(verdict).items():
+        hosts.setdefault(host, []).extend(items)
+    return summary(dict((name, node(found)) for name, found in (devices or {}).items()), hosts, check_mode)
+
+
 def summary(nodes, containers, check_mode):
     """The fleet's drift report: every node's and container's items, and counts."""
     hosts = dict(('node/' + k, v) for k, v in (nodes or {}).items())

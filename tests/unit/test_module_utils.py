@@ -330,3 +330,21 @@ def test_drift_names_the_containers_that_run_but_were_not_verified():
     fleet = {'containers': [{'host': 'a', 'state': 'verified'}, {'host': 'd', 'state': 'unreached', 'why': 'w'},
                             {'host': 'b', 'state': 'missing', 'why': 'm'}]}
     assert _drift.unverified(fleet) == {'d': [{'stage': 'verify', 'item': 'unreached', 'detail': 'w'}]}
+
+
+def test_the_fleet_drift_joins_what_each_stage_saw():
+    definition = [{'vmid': 201, 'hostname': 'a', 'node': 'pve1'}, {'vmid': 202, 'hostname': 'b', 'node': 'pve1'}]
+    reconcile = {'containers': [dict(_ct(201, 'running'), changed_keys=['cores']), _ct(202, 'running')],
+                 'diff': [{'before_header': 'CT 201', 'before': {'cores': 2}, 'after': {'cores': 4}}]}
+    devices = {'pve1': {'findings': [{'code': 'uvm_not_loaded', 'msg': 'nvidia-uvm is not loaded'}]}}
+    running = {'a': {'driver': {'match': False, 'version': '570.1', 'node_version': '580.95.05'}}}
+    verdict = {'containers': [{'host': 'b', 'state': 'unreached', 'why': 'w'}]}
+    out = _drift.fleet(devices, reconcile, definition, running, verdict, check_mode=True)
+    assert (out['mode'], out['drift'], out['count']) == ('check', True, 4)
+    assert out['nodes'] == {'pve1': [{'stage': 'node', 'item': 'uvm_not_loaded', 'detail': 'nvidia-uvm is not loaded'}]}
+    assert [(i['stage'], i['item']) for i in out['containers']['a']] == [('container', 'cores'),
+                                                                        ('driver', 'userspace_driver')]
+    assert out['containers']['a'][0]['before'] == 2 and out['containers']['a'][0]['after'] == 4
+    assert out['containers']['b'] == [{'stage': 'verify', 'item': 'unreached', 'detail': 'w'}]
+    # not judged (the verify stage skipped): no verification items
+    assert _drift.fleet({}, reconcile, definition, {}, None, False)['containers']['b'] == []

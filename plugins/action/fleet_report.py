@@ -1,0 +1,106 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action for gpufleet.proxmox.fleet_report: what the run left in the inventory, read once, judged by plugin_utils
+(_verdict for the verification, _drift for the drift) and written by _reports."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import os
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.gpufleet.proxmox.plugins.modules.fleet_report import ARGUMENT_SPEC
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _drift, _reports, _verdict
+
+
+def _plain(value):
+    """A host variable as plain data (Ansible's lazy containers made into dicts and lists)."""
+    if isinstance(value, dict) or hasattr(value, 'items'):
+        return dict((k, _plain(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class Run(object):
+    """What one run left in the inventory, as the report needs it."""
+
+    def __init__(self, hostvars, groups, nodes_group, containers_group):
+        self.hostvars = hostvars
+        self.nodes = list(groups.get(nodes_group) or [])
+        self.containers = list(groups.get(containers_group) or [])
+
+    def var(self, host, name, default=None):
+        try:
+            value = self.hostvars[host].get(name, default)
+        except KeyError:
+            return default
+        return _plain(value) if value is not None else default
+
+    def reader(self):
+        """The first node that read the fleet in this run (with --limit, maybe not the first node)."""
+        return next((n for n in self.nodes if self.var(n, 'gpu_container_result') is not None), None)
+
+    def definition(self):
+        reader = self.reader()
+        return (self.var(reader, 'gpufleet_containers') or []) if reader else []
+
+    def reconcile(self):
+        reader = self.reader()
+        return (self.var(reader, 'gpu_container_result') or {}) if reader else {}
+
+    def reports(self, run_id):
+        """The verify reports of this run (with run_id, only those stamped with it)."""
+        found = [(self.var(h, 'ansible_facts') or {}).get('verify_report') for h in self.containers]
+        return [r for r in found if r and (run_id is None or r.get('run') == run_id)]
+
+    def devices(self):
+        return dict((n, self.var(n, 'gpufleet_gpu_devices') or {}) for n in self.nodes)
+
+    def running(self):
+        return dict((h, {'driver': self.var(h, 'gpu_container_driver'), 'build': self.var(h, 'torch_venv_build'),
+                         'report': (self.var(h, 'ansible_facts') or {}).get('verify_report')})
+                    for h in self.containers)
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(ARGUMENT_SPEC)
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super(ActionModule, self).run(tmp, task_vars)
+        args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)[1]
+        check_mode = bool(self._task.check_mode)
+        seen = Run(task_vars.get('hostvars') or {}, task_vars.get('groups') or {}, args['nodes_group'],
+                   args['containers_group'])
+        out, written, removed = {}, [], []
+        try:
+            verdict = None
+            if args['verdict']:
+                run = args['run'] or {}
+                reports = seen.reports(run.get('id'))
+                verdict = _verdict.fleet(reports, seen.definition(), seen.reconcile(), run, check_mode)
+                mine = dict((r['host'], r) for r in reports
+                            if r.get('host') in set(row['host'] for row in verdict['containers']
+                                                    if row['state'] in ('verified', 'failed')))
+                mine['summary'] = verdict
+                done = _reports.write_all(args['dir'], mine, prune_others=True)
+                written += done[0]
+                removed += done[1]
+                out['fleet'] = verdict
+            if args['drift']:
+                drift = _drift.fleet(seen.devices(), seen.reconcile(), seen.definition(), seen.running(), verdict,
+                                     check_mode)
+                done = _reports.write_all(os.path.join(args['dir'], 'drift'), _drift.reports(drift), prune_others=True)
+                written += done[0]
+                removed += done[1]
+                out['drift'] = drift
+        except _reports.ReportError as e:
+            raise AnsibleActionFail(str(e))
+        result.update(out, changed=False, written=written, removed=removed)
+        return result
