@@ -390,24 +390,24 @@ def check_imports(imports):
                                                                      'is' if len(bad) == 1 else 'are'))
 
 
-def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrides=(), uv='uv', imports=(),
-          env=None, timeout=600):
-    """The venv's audit (see the venv_audit module). In full mode each of imports is also imported in a fresh
-    interpreter of the venv (with env, within timeout seconds); fast mode reads files only."""
-    check_imports(imports)
-    site = site_packages(venv)
-    dists = distributions(site)
-    by_key = dict((d['key'], d) for d in dists)
-    overrides = set(canon(o) for o in overrides)
-    locked = read_lock(lock) if lock else {}
-    requirers = required_by(dists, marker_env(venv, site))
-    # -- integrity ------------------------------------------------------------------
-    broken = []
+def claims(dists):
+    """{path: [(distribution, digest, size)]}: every path a RECORD names, with each distribution that claims it (in
+    the distributions' order) and the digest and size its RECORD gives."""
     owners = {}
+    for d in dists:
+        for path, _rel, digest, size in d['files']:
+            owners.setdefault(path, []).append((d, digest, size))
+    return owners
+
+
+def broken_distributions(dists, mode):
+    """RECORD integrity: [{name, version, missing, modified}] of the distributions with a file their RECORD names
+    gone (missing) or not as it says (modified): its size in fast mode, its size and sha256 in full mode. Files the
+    RECORD gives no hash (RECORD itself, .pyc files) are not checked."""
+    broken = []
     for d in dists:
         missing, modified = [], []
         for path, rel, digest, size in d['files']:
-            owners.setdefault(path, []).append((d, digest, size))
             if digest is None:
                 continue  # RECORD itself, .pyc files
             try:
@@ -421,98 +421,172 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
                 modified.append(rel)
         if missing or modified:
             broken.append({'name': d['name'], 'version': d['version'], 'missing': missing, 'modified': modified})
-    # -- collisions ------------------------------------------------------------------
-    # A path several distributions claim with the same bytes (a namespace package's __init__.py, a header that two
-    # builds of one release share) conflicts with nothing: it goes to shared_files. The repair plan still knows its
-    # claimants, so a removal of one comes with the reinstall of the others.
-    # Where the bytes differ, one claimant's belong there: a declared override's, else the only one the lock has,
-    # else the only one an installed distribution requires. Where nothing decides it, the plan leaves the path as it
-    # is (a reinstall of either would be undone by the next plan) and the finding says what to declare.
-    collisions, declared, decided, shared = [], [], [], []
-    winners, settled = {}, set()  # {path: the key whose bytes belong there}; paths whose bytes are as they should be
-    for path in sorted(p for p, claimants in owners.items() if len(claimants) > 1):
-        claims = owners[path]
-        names = sorted(set(d['name'] for d, _dg, _sz in claims))
+    return broken
+
+
+class Collisions:
+    """The paths several distributions claim, each sorted into one of the audit's lists.
+
+    A path several distributions claim with the same bytes (a namespace package's __init__.py, a header that two
+    builds of one release share) conflicts with nothing: it goes to shared. The repair plan still knows its
+    claimants, so a removal of one comes with the reinstall of the others.
+    Where the bytes differ, one claimant's belong there: a declared override's (declared), else the only one the
+    lock has, else the only one an installed distribution requires (decided). Where nothing decides it, the plan
+    leaves the path as it is (a reinstall of either would be undone by the next plan) and the finding says what to
+    declare. found holds the findings: the paths nothing decides, and those whose bytes are not the winner's (or
+    that the lock decides: its other claimants are removed).
+    winners is {path: the key whose bytes belong there}, settled the paths (relative to site) whose bytes are as
+    they should be."""
+
+    def __init__(self, site, by_key, mode, overrides, locked, requirers):
+        self.site, self.by_key, self.mode = site, by_key, mode
+        self.overrides, self.locked, self.requirers = overrides, locked, requirers
+        self.found, self.declared, self.decided, self.shared = [], [], [], []
+        self.winners, self.settled = {}, set()
+
+    def check(self, owners):
+        """Each path of owners ({path: [(distribution, digest, size)]}) that more than one distribution claims,
+        in path order."""
+        for path in sorted(p for p, claimants in owners.items() if len(claimants) > 1):
+            self.check_path(path, owners[path])
+        return self
+
+    def on_disk(self, path, claims_of_path):
+        """The names of the claimants whose bytes are at path: by size where that tells them apart (fast mode),
+        else by sha256."""
+        size = os.stat(path).st_size
+        on_disk = sorted(set(d['name'] for d, _dg, sz in claims_of_path if sz == size))
+        if self.mode == 'full' or len(on_disk) != 1:
+            disk = file_digest(path)
+            on_disk = sorted(set(d['name'] for d, dg, _sz in claims_of_path if dg == disk))
+        return on_disk
+
+    def check_path(self, path, claims_of_path):
+        names = sorted(set(d['name'] for d, _dg, _sz in claims_of_path))
         if len(names) < 2:
-            continue
-        rel = os.path.relpath(path, site)
+            return
+        rel = os.path.relpath(path, self.site)
         item = {'path': rel, 'claimed_by': names}
         if os.path.isfile(path):
-            if all(dg is None for _d, dg, _sz in claims):  # a .pyc the installers wrote: no bytes to tell apart
-                shared.append(item)
-                continue
-            # Whose bytes are on disk: by size where that tells them apart (fast mode), else by sha256.
-            size = os.stat(path).st_size
-            on_disk = sorted(set(d['name'] for d, _dg, sz in claims if sz == size))
-            if mode == 'full' or len(on_disk) != 1:
-                disk = file_digest(path)
-                on_disk = sorted(set(d['name'] for d, dg, _sz in claims if dg == disk))
+            if all(dg is None for _d, dg, _sz in claims_of_path):  # a .pyc the installers wrote: no bytes to tell apart
+                self.shared.append(item)
+                return
+            on_disk = self.on_disk(path, claims_of_path)
             if on_disk == names:
-                shared.append(item)
-                continue
+                self.shared.append(item)
+                return
         else:
             on_disk = []
-        keys = sorted(set(d['key'] for d, _dg, _sz in claims))
-        wins, why = decide(keys, overrides, locked, requirers)
+        keys = sorted(set(d['key'] for d, _dg, _sz in claims_of_path))
+        wins, why = decide(keys, self.overrides, self.locked, self.requirers)
         if wins is None:
             item.update(on_disk=(on_disk or [None])[0], decide=why)
-            settled.add(rel)
-            collisions.append(item)
-            continue
+            self.settled.add(rel)
+            self.found.append(item)
+            return
         if why != 'lock':  # the lock's other claimants are removed: nothing to order
-            winners[path] = wins
-        item['on_disk'] = by_key[wins]['name'] if by_key[wins]['name'] in on_disk else (on_disk or [None])[0]
+            self.winners[path] = wins
+        winner = self.by_key[wins]['name']
+        item['on_disk'] = winner if winner in on_disk else (on_disk or [None])[0]
         if why == 'requirements':
-            item['required_by'] = requirers[wins]
-        if item['on_disk'] == by_key[wins]['name'] and why != 'lock':
-            settled.add(rel)
-            (declared if why == 'overrides' else decided).append(item)
+            item['required_by'] = self.requirers[wins]
+        if item['on_disk'] == winner and why != 'lock':
+            self.settled.add(rel)
+            (self.declared if why == 'overrides' else self.decided).append(item)
         else:
-            item['wins'] = by_key[wins]['name']
-            collisions.append(item)
-    # A file whose bytes are the ones that belong there is not a broken distribution, nor one whose claimants
-    # nothing decides between (the collision is the finding).
+            item['wins'] = winner
+            self.found.append(item)
+
+    def restore(self):
+        """The keys of the distributions whose bytes belong at a path and are not there: reinstalled, even where
+        their sizes are the same as what is on disk (fast mode finds such a file through the collision, not
+        through its RECORD)."""
+        return set(canon(c['wins']) for c in self.found if c.get('wins') and c['on_disk'] != c['wins'])
+
+
+def unsettled(broken, site, settled):
+    """broken without the files whose bytes are the ones that belong there (settled: paths relative to site): such
+    a file is not a broken distribution, nor one whose claimants nothing decides between (the collision is the
+    finding). A distribution left with nothing missing or modified is dropped."""
     for b in broken:
         b['modified'] = [rel for rel in b['modified']
                          if os.path.relpath(os.path.normpath(os.path.join(site, rel)), site) not in settled]
-    broken = [b for b in broken if b['missing'] or b['modified']]
-    # -- ELF closure -------------------------------------------------------------------
+    return [b for b in broken if b['missing'] or b['modified']]
+
+
+def unresolved_libraries(site, dists, locked):
+    """The shared-library closure (see closure), the loader's search path extended with the nvidia wheels'
+    lib directories: (unresolved, optional), each unresolved library with in_lock, the names of the locked
+    distributions that provide it."""
     nvidia_dirs = sorted(glob.glob(os.path.join(site, 'nvidia', '*', 'lib')))
     resolver = _elf.Resolver(extra_dirs=nvidia_dirs)
     providers = {}
     for d in dists:
-        for path, rel, digest, size in d['files']:
+        for path, _rel, _digest, _size in d['files']:
             if '.so' in path:
                 providers.setdefault(os.path.basename(path), set()).add(d['name'])
     unresolved, optional = closure(site, resolver, providers)
-    # -- drift against the lock ----------------------------------------------------------
-    drift = {'missing': [], 'extra': [], 'wrong_version': []}
-    if lock:
-        for key, (name, version) in sorted(locked.items()):
-            have = by_key.get(key)
-            if have is None:
-                drift['missing'].append({'name': name, 'version': version})
-            elif have['version'] != version:
-                drift['wrong_version'].append({'name': name, 'installed': have['version'], 'locked': version})
-        for d in dists:
-            if d['key'] not in locked and d['key'] not in TOOLING:
-                drift['extra'].append({'name': d['name'], 'version': d['version']})
     for u in unresolved:
         u['in_lock'] = sorted(locked[canon(p)][0] for p in u['provided_by'] if canon(p) in locked)
-    # -- imports (full mode) ---------------------------------------------------------------
-    failed_imports = import_failures(os.path.join(venv, 'bin', 'python'), imports, env, timeout) \
-        if mode == 'full' and imports else []
-    # The one whose bytes belong at a path is reinstalled where they are not there, even where its sizes are the same
-    # as what is on disk (fast mode finds such a file through the collision, not through its RECORD).
-    restore = set(canon(c['wins']) for c in collisions if c.get('wins') and c['on_disk'] != c['wins'])
+    return unresolved, optional
+
+
+def lock_drift(dists, locked):
+    """Drift against the lock ({canonical name: (name, version)}; None where there is no lock, and then no
+    drift): {missing, extra, wrong_version}, the installers' own packages (TOOLING) never extra."""
+    drift = {'missing': [], 'extra': [], 'wrong_version': []}
+    if locked is None:
+        return drift
+    by_key = dict((d['key'], d) for d in dists)
+    for key, (name, version) in sorted(locked.items()):
+        have = by_key.get(key)
+        if have is None:
+            drift['missing'].append({'name': name, 'version': version})
+        elif have['version'] != version:
+            drift['wrong_version'].append({'name': name, 'installed': have['version'], 'locked': version})
+    for d in dists:
+        if d['key'] not in locked and d['key'] not in TOOLING:
+            drift['extra'].append({'name': d['name'], 'version': d['version']})
+    return drift
+
+
+def failed_imports(venv, mode, imports, env=None, timeout=600):
+    """Full mode's imports: import_failures of each of imports in a fresh interpreter of the venv. Fast mode
+    imports nothing (it reads files only)."""
+    if mode != 'full' or not imports:
+        return []
+    return import_failures(os.path.join(venv, 'bin', 'python'), imports, env, timeout)
+
+
+def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrides=(), uv='uv', imports=(),
+          env=None, timeout=600):
+    """The venv's audit (see the venv_audit module), in its parts: RECORD integrity (broken_distributions), the
+    paths several distributions claim (Collisions), the shared-library closure (unresolved_libraries), drift
+    against the lock (lock_drift) and, in full mode, the imports (failed_imports), each of imports imported in a
+    fresh interpreter of the venv (with env, within timeout seconds); fast mode reads files only. Then the plan
+    that repairs it all (repair_plan)."""
+    check_imports(imports)
+    site = site_packages(venv)
+    dists = distributions(site)
+    by_key = dict((d['key'], d) for d in dists)
+    overrides = set(canon(o) for o in overrides)
+    locked = read_lock(lock) if lock else {}
+    requirers = required_by(dists, marker_env(venv, site))
+    owners = claims(dists)
+    broken = broken_distributions(dists, mode)
+    collisions = Collisions(site, by_key, mode, overrides, locked, requirers).check(owners)
+    broken = unsettled(broken, site, collisions.settled)
+    unresolved, optional = unresolved_libraries(site, dists, locked)
+    drift = lock_drift(dists, locked if lock else None)
+    failures = failed_imports(venv, mode, imports, env, timeout)
     plan = repair_plan(venv, dists, broken, drift, locked, owners, installer, list(install_args), overrides, uv,
-                       winners, restore)
-    healthy = not (broken or collisions or unresolved or failed_imports or any(drift.values()))
+                       collisions.winners, collisions.restore())
+    healthy = not (broken or collisions.found or unresolved or failures or any(drift.values()))
     return {'healthy': healthy, 'site_packages': site, 'distributions': len(dists),
-            'findings': {'broken_distributions': broken, 'collisions': collisions,
-                         'unresolved_libraries': unresolved, 'drift': drift, 'failed_imports': failed_imports},
-            'overrides': declared, 'required': decided, 'shared_files': shared, 'optional_libraries': optional,
-            'plan': plan}
+            'findings': {'broken_distributions': broken, 'collisions': collisions.found,
+                         'unresolved_libraries': unresolved, 'drift': drift, 'failed_imports': failures},
+            'overrides': collisions.declared, 'required': collisions.decided, 'shared_files': collisions.shared,
+            'optional_libraries': optional, 'plan': plan}
 
 
 LOADER_MESSAGE = re.compile(r'([^\s:\'"]+\.so(?:\.[0-9A-Za-z_]+)*): cannot open shared object file')
