@@ -298,85 +298,116 @@ def summary(findings):
     return '; '.join(parts) or 'none'
 
 
-def deploy(root, link, lock_path, python='/usr/bin/python3', uv='uv', overrides=(), install_args=(),
-           cache_dir=None, keep=2, imports=('torch',), rollback=False, check=False, timeout=3600,
-           python_version_wanted=None, meta=None, lock_text=None, uv_version=None, uv_find_links=None,
-           audit=False, repair=False, link_mode='copy', audit_mode='fast'):
-    """Make the lock's venv active at link (building it when it does not exist yet), or roll back.
-    With lock_text, that is the lock, and it is written to lock_path once its venv is active (so the lock on
-    the target always describes the active venv). With uv_version, uv is installed first where it is missing.
-    With audit, the result also holds the active venv's audit against its own lock and its last verification
-    (when the lock's venv is the active one, or would be without check mode); with repair too, an audit with
-    findings is acted on: its plan applied, the venv audited and imported again (repaired, repair_audit; in check
-    mode only changed). Returns the result dict; raises ValueError for bad input (nothing changed), BuildError for a
-    failed build (the active venv and the lock file untouched) and RepairError for a failed repair.
+class Request:
+    """What deploy is asked to do: venv_build's options, each by name (keyword arguments only, so that no caller
+    can give two in the wrong order) with the module's default. The module's lock, lock_content and python_version
+    are lock_path, lock_text and python_version_wanted here; check is check mode. from_params makes one of the
+    module's params."""
+
+    def __init__(self, *, root, link, lock_path=None, python='/usr/bin/python3', uv='uv', overrides=(),
+                 install_args=(), cache_dir=None, keep=2, imports=('torch',), rollback=False, check=False,
+                 timeout=3600, python_version_wanted=None, meta=None, lock_text=None, uv_version=None,
+                 uv_find_links=None, audit=False, repair=False, link_mode='copy', audit_mode='fast'):
+        self.root, self.link, self.lock_path, self.lock_text = root, link, lock_path, lock_text
+        self.python, self.python_version_wanted = python, python_version_wanted
+        self.uv, self.uv_version, self.uv_find_links = uv, uv_version, uv_find_links
+        self.overrides, self.install_args, self.imports = overrides, install_args, imports
+        self.cache_dir, self.link_mode = cache_dir, link_mode
+        self.keep, self.rollback, self.check, self.timeout, self.meta = keep, rollback, check, timeout, meta
+        self.audit, self.audit_mode, self.repair = audit, audit_mode, repair
+
+    @classmethod
+    def from_params(cls, params, check=False):
+        """The request of venv_build's params (module.params), in check mode where check."""
+        return cls(root=params['root'], link=params['link'], lock_path=params['lock'], python=params['python'],
+                   uv=params['uv'], overrides=params['overrides'], install_args=params['install_args'],
+                   cache_dir=params['cache_dir'], keep=params['keep'], imports=params['imports'],
+                   rollback=params['rollback'], check=check, timeout=params['timeout'],
+                   python_version_wanted=params['python_version'], meta=params['meta'],
+                   lock_text=params['lock_content'], uv_version=params['uv_version'],
+                   uv_find_links=params['uv_find_links'], audit=params['audit'], repair=params['repair'],
+                   link_mode=params['link_mode'], audit_mode=params['audit_mode'])
+
+
+def deploy(req):
+    """Make the lock's venv active at link (building it when it does not exist yet), or roll back, as req (a
+    Request) asks. With lock_text, that is the lock, and it is written to lock_path once its venv is active (so the
+    lock on the target always describes the active venv). With uv_version, uv is installed first where it is
+    missing. With audit, the result also holds the active venv's audit against its own lock and its last
+    verification (when the lock's venv is the active one, or would be without check mode); with repair too, an
+    audit with findings is acted on: its plan applied, the venv audited and imported again (repaired, repair_audit;
+    in check mode only changed). Returns the result dict; raises ValueError for bad input (nothing changed),
+    BuildError for a failed build (the active venv and the lock file untouched) and RepairError for a failed repair.
     link_mode is uv's: copy, or hardlink from the uv cache (root and cache_dir on one mount). audit_mode is the
     active venv's audit's: fast, or full (sha256 of every file, and the imports imported)."""
-    _venv.check_imports(imports)
-    env = uv_env(cache_dir, link_mode)
-    if link_mode == 'hardlink':
-        check_same_mount(root, cache_dir)
-    result, built_report = deploy_venv(root, link, lock_path, python, uv, overrides, install_args, env, keep,
-                                       imports, rollback, check, timeout, python_version_wanted, meta, lock_text,
-                                       uv_version, uv_find_links)
-    if audit and not (check and (result['built'] or result['switched'])):
+    _venv.check_imports(req.imports)
+    env = uv_env(req.cache_dir, req.link_mode)
+    if req.link_mode == 'hardlink':
+        check_same_mount(req.root, req.cache_dir)
+    result, built_report = deploy_venv(req, env)
+    if req.audit and not (req.check and (result['built'] or result['switched'])):
         venv = result['venv']
         own = os.path.join(venv, LOCK_COPY)
         # A venv built in this run was audited by its build, against the same lock, moments ago.
-        lock = own if os.path.exists(own) else lock_path
-        result['audit'] = built_report or _venv.audit(link, lock, audit_mode, 'uv', install_args, overrides, uv,
-                                                      list(imports), env, timeout)
+        lock = own if os.path.exists(own) else req.lock_path
+        result['audit'] = built_report or _venv.audit(req.link, lock, req.audit_mode, 'uv', req.install_args,
+                                                      req.overrides, req.uv, list(req.imports), env, req.timeout)
         result['verified'] = _verify_record.read_record(venv)
-        if repair and not result['audit']['healthy']:
-            result.update(changed=True, repaired=not check)
-            if not check:
-                result['repair_audit'] = mend(link, lock, result['audit']['plan'], overrides, install_args, uv,
-                                              list(imports), env, timeout)
+        if req.repair and not result['audit']['healthy']:
+            result.update(changed=True, repaired=not req.check)
+            if not req.check:
+                result['repair_audit'] = mend(req.link, lock, result['audit']['plan'], req.overrides,
+                                              req.install_args, req.uv, list(req.imports), env, req.timeout)
     return result
 
 
-def deploy_venv(root, link, lock_path, python, uv, overrides, install_args, env, keep, imports, rollback,
-                check, timeout, python_version_wanted, meta, lock_text, uv_version, uv_find_links):
+def deploy_venv(req, env):
+    """deploy's venv part: the lock's venv built where it is missing (or the previous one picked, for a rollback),
+    the link switched to it, old venvs removed and the lock written, with env (uv_env's) for uv. Returns (the
+    result dict, the new venv's audit or None)."""
+    root, link = req.root, req.link
     check_link(link)
-    given = lock_text is not None and not rollback
-    if keep < 0:
-        raise ValueError('keep: must be 0 or more, got {0}'.format(keep))
+    lock_text = req.lock_text
+    given = lock_text is not None and not req.rollback
+    if req.keep < 0:
+        raise ValueError('keep: must be 0 or more, got {0}'.format(req.keep))
     history = read_history(root)
     current = active(root, link)
     if current and current not in history:
         history.append(current)
     result = {'changed': False, 'built': False, 'switched': False, 'previous': current, 'removed': [],
               'timings': {}, 'link': link}
-    if rollback:
+    if req.rollback:
         candidates = [v for v in reversed(history) if v != current and complete(root, v)]
         if not candidates:
             raise ValueError('rollback: there is no previous venv under {0} to go back to'.format(root))
         vid = candidates[0]
     else:
         if lock_text is None:
-            with io.open(lock_path, encoding='utf-8') as fh:
+            with io.open(req.lock_path, encoding='utf-8') as fh:
                 lock_text = fh.read()
-        phases(lock_text, overrides)  # validates before anything changes
-        interpreter = python_version(python)
+        phases(lock_text, req.overrides)  # validates before anything changes
+        interpreter = python_version(req.python)
         have = interpreter.split()[1] if len(interpreter.split()) > 1 else ''
-        if python_version_wanted and not (have + '.').startswith(str(python_version_wanted) + '.'):
+        wanted = req.python_version_wanted
+        if wanted and not (have + '.').startswith(str(wanted) + '.'):
             raise ValueError('python_version: the lock is for Python {0}, but {1} is Python {2}'.format(
-                python_version_wanted, python, have))
-        vid = venv_id(lock_text, overrides, interpreter)
+                wanted, req.python, have))
+        vid = venv_id(lock_text, req.overrides, interpreter)
     target = os.path.join(root, vid)
-    result.update(id=vid, venv=target, meta=(read_marker(target) or {}).get('meta', meta or {}))
-    need_build = not rollback and not complete(root, vid)
+    result.update(id=vid, venv=target, meta=(read_marker(target) or {}).get('meta', req.meta or {}))
+    need_build = not req.rollback and not complete(root, vid)
     need_switch = current != vid
     if need_switch or history[-1:] != [vid]:
         history = [h for h in history if h != vid] + [vid]
-    remove = [r for r in plan_prune(root, kept(root, history, vid, keep)) if r != vid]
-    write_lock = given and read_text(lock_path) != lock_text
+    remove = [r for r in plan_prune(root, kept(root, history, vid, req.keep)) if r != vid]
+    write_lock = given and read_text(req.lock_path) != lock_text
     work = bool(need_build or need_switch or remove or write_lock)
-    result['uv_installed'] = ensure_uv(uv, python, uv_version, uv_find_links, check)
+    result['uv_installed'] = ensure_uv(req.uv, req.python, req.uv_version, req.uv_find_links, req.check)
     result.update(changed=work or result['uv_installed'], built=need_build, switched=need_switch, removed=remove,
                   lock_written=bool(write_lock))
     report = None
-    if check or not work:
+    if req.check or not work:
         return result, report
     if not os.path.isdir(root):
         os.makedirs(root, 0o755)
@@ -385,18 +416,19 @@ def deploy_venv(root, link, lock_path, python, uv, overrides, install_args, env,
         if need_build:
             if os.path.exists(target):
                 shutil.rmtree(target)  # an unfinished build of an earlier run
-            timings, report = build(target, lock_text, overrides, python, uv, install_args, env,
-                                    list(imports), timeout)
+            timings, report = build(target, lock_text, req.overrides, req.python, req.uv, req.install_args, env,
+                                    list(req.imports), req.timeout)
             result['timings'] = timings
             result['distributions'] = report['distributions']
             write_json(os.path.join(target, MARKER), {
                 'id': vid, 'lock_sha256': hashlib.sha256(lock_text.encode('utf-8')).hexdigest(),
-                'overrides': list(overrides), 'python': python, 'built_at': int(time.time()), 'meta': meta or {}})
+                'overrides': list(req.overrides), 'python': req.python, 'built_at': int(time.time()),
+                'meta': req.meta or {}})
         if need_switch:
             replace_link(link, target)  # a job starting at any moment sees the old venv or the new one
         write_json(os.path.join(root, 'history.json'), history)
         for name in remove:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
         if write_lock:
-            write_text(lock_path, lock_text)
+            write_text(req.lock_path, lock_text)
     return result, report

@@ -247,11 +247,7 @@ def main():
         required_if=[('rollback', False, ('lock',))], supports_check_mode=True)
     p = module.params
     try:
-        result = _venv_build.deploy(p['root'], p['link'], p['lock'], p['python'], p['uv'], p['overrides'],
-                                    p['install_args'], p['cache_dir'], p['keep'], p['imports'], p['rollback'],
-                                    module.check_mode, p['timeout'], p['python_version'],
-                                    p['meta'], p['lock_content'], p['uv_version'], p['uv_find_links'],
-                                    p['audit'], p['repair'], p['link_mode'], p['audit_mode'])
+        result = _venv_build.deploy(_venv_build.Request.from_params(p, module.check_mode))
     except _venv_build.RepairError as e:
         module.fail_json(msg='venv_build: the repair of {0} failed: {1}'.format(p['link'], e), **e.details)
     except _venv_build.BuildError as e:
