@@ -54,106 +54,162 @@ def hosts(running, fleet, devices=None):
     return out
 
 
+def _whole(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _gpu_indexes(value):
+    """A list of GPU indexes or 'all'."""
+    return value == 'all' or (isinstance(value, list) and all(_whole(g) and g >= 0 for g in value))
+
+
+# One check per key of an entry: (key, value) -> what is wrong with the value, or None. Each runs where the entry
+# has the key (its value may be None), and the REQUIRED ones also where it lacks it (as None).
+def _vmid(key, value):
+    if not _whole(value) or not 100 <= value <= 999999999:
+        return 'must be a whole number from 100 to 999999999, got {0!r}'.format(value)
+    return None
+
+
+def _hostname(key, value):
+    if value is None:
+        return 'required'
+    if not isinstance(value, str):
+        return 'must be a string, got {0!r}'.format(value)
+    return _pvecheck.hostname_problem(value)
+
+
+def _node(key, value):
+    return None if value else 'required'
+
+
+def _whole_number(key, value):
+    if value is None:
+        return None
+    if not _whole(value):
+        return 'must be a whole number, got {0!r}'.format(value)
+    return _pvecheck.problem(key, value)
+
+
+def _devices(key, value):
+    if value is None or isinstance(value, list) and all(isinstance(d, dict) and d.get('path') for d in value):
+        return None
+    return 'must be a list of dicts with a path ([{{path: /dev/nvidia0}}]), got {0!r}'.format(value)
+
+
+def _list(key, value):
+    return None if value is None or isinstance(value, list) else 'must be a list, got {0!r}'.format(value)
+
+
+def _bool(key, value):
+    return None if isinstance(value, bool) else 'must be true or false, got {0!r}'.format(value)
+
+
+def _words(key, value):
+    if isinstance(value, str) and value.strip():
+        return None
+    return 'must be a string (space-separated for several), got {0!r}'.format(value)
+
+
+def _net(key, value):
+    if value is not None and not isinstance(value, (str, dict)):
+        return 'must be a net0 property string or a dict of netN, got {0!r}'.format(value)
+    if isinstance(value, str) and 'bridge=' not in value:
+        return '{0!r} names no bridge (bridge=vmbr0)'.format(value)
+    return None
+
+
+def _rootfs(key, value):
+    if value is None or isinstance(value, int) and value > 0 or isinstance(value, str):
+        return None
+    return 'a size in GiB or a PVE volume spec, got {0!r}'.format(value)
+
+
+def _gpus(key, value):
+    if not _gpu_indexes(value):
+        return "must be a list of GPU indexes or 'all', got {0!r}".format(value)
+    if isinstance(value, list) and len(set(value)) != len(value):
+        return 'lists a GPU twice: {0}'.format(value)
+    return None
+
+
+REQUIRED_KEYS = ('vmid', 'hostname', 'node')
+# In the order errors() reports them.
+ENTRY_CHECKS = (('vmid', _vmid), ('hostname', _hostname), ('node', _node),
+                ('cores', _whole_number), ('memory', _whole_number), ('swap', _whole_number),
+                ('devices', _devices), ('features', _list), ('tags', _list), ('unprivileged', _bool),
+                ('onboot', _bool), ('nameserver', _words), ('searchdomain', _words), ('net', _net),
+                ('rootfs', _rootfs), ('gpus', _gpus))
+
+
+def _devn_problem(pve, is_root_password, passthrough):
+    """Why GPUs cannot go in as this run would pass them (devN needs PVE 8.1 and root@pam's password), or None."""
+    if passthrough not in ('auto', 'devn'):
+        return None
+    if pve is not None and pve_version(pve) < DEVN_SINCE:
+        if passthrough == 'devn':
+            return ('passthrough devn needs PVE 8.1 or later; the cluster runs {0} '
+                    '(use gpu_container_passthrough: raw)'.format(pve))
+        return None  # auto: raw lxc lines instead (plan())
+    if not is_root_password:
+        return ('GPU passthrough (devN) can only be set by root@pam with its password; the API login is a token. '
+                'Set gpufleet_api_user: root@pam and gpufleet_api_password (from a vault) for provisioning runs.')
+    return None
+
+
 def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, passthrough='auto'):
     """Every problem with the fleet definition, as 'containers[i] (vmid N).field: what' sentences.
 
     nodes: {node name: [GPU indexes it has]} for the nodes the inventory knows.
     pve: the cluster's version string ('8.4.1'), or None when unknown.
+    Each entry's keys are checked by ENTRY_CHECKS, in that order; where a value passes, the checks across
+    entries follow it (a vmid or hostname, case-insensitively, given twice; a node the inventory lacks);
+    then, where the gpus are good, the GPUs against the node's and the other containers', and the passthrough.
     """
-    out = []
     if not isinstance(fleet, list):
         return ['containers must be a list of container definitions']
-    seen_vmid, seen_host, owner = {}, {}, {}
+    out = []
+    seen = {'vmid': {}, 'hostname': {}}  # {key: {value: index of the entry that gave it first}}
+    owner = {}  # {(node, GPU index): index of the entry given it first}
+    devn_problem = _devn_problem(pve, is_root_password, passthrough)
+
+    def across(key, value, i):
+        if key in seen:
+            name = value.lower() if key == 'hostname' else value
+            if name in seen[key]:
+                return '{0} is also the {1} of containers[{2}]'.format(value, key, seen[key][name])
+            seen[key][name] = i
+        elif key == 'node' and value not in nodes:
+            return '{0} is not a node of the inventory (pve_nodes: {1})'.format(
+                value, ', '.join(sorted(nodes)) or 'none')
+        return None
+
     for i, entry in enumerate(fleet):
         if not isinstance(entry, dict):
             out.append('containers[{0}] must be a dict, got {1}'.format(i, type(entry).__name__))
             continue
-        where = 'containers[{0}]'.format(i)
-        vmid = entry.get('vmid')
-        if vmid is not None:
-            where += ' (vmid {0})'.format(vmid)
-        for key in sorted(set(entry) - set(ENTRY_KEYS)):
-            out.append('{0}.{1}: unknown key (known: {2})'.format(where, key, ', '.join(ENTRY_KEYS)))
-        if not isinstance(vmid, int) or isinstance(vmid, bool) or not 100 <= vmid <= 999999999:
-            out.append('{0}.vmid: must be a whole number from 100 to 999999999, got {1!r}'.format(where, vmid))
-        elif vmid in seen_vmid:
-            out.append('{0}.vmid: {1} is also the vmid of containers[{2}]'.format(where, vmid, seen_vmid[vmid]))
-        else:
-            seen_vmid[vmid] = i
-        host = entry.get('hostname')
-        host_problem = 'required' if host is None else (
-            'must be a string, got {0!r}'.format(host) if not isinstance(host, str) else _pvecheck.hostname_problem(host))
-        if host_problem:
-            out.append('{0}.hostname: {1}'.format(where, host_problem))
-        elif host.lower() in seen_host:
-            out.append('{0}.hostname: {1} is also the hostname of containers[{2}]'.format(
-                where, host, seen_host[host.lower()]))
-        else:
-            seen_host[host.lower()] = i
-        node = entry.get('node')
-        if not node:
-            out.append('{0}.node: required'.format(where))
-        elif node not in nodes:
-            out.append('{0}.node: {1} is not a node of the inventory (pve_nodes: {2})'.format(
-                where, node, ', '.join(sorted(nodes)) or 'none'))
-        for key in INT_KEYS:
-            value = entry.get(key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-                out.append('{0}.{1}: must be a whole number, got {2!r}'.format(where, key, value))
-            elif value is not None and _pvecheck.problem(key, value):
-                out.append('{0}.{1}: {2}'.format(where, key, _pvecheck.problem(key, value)))
-        devices = entry.get('devices')
-        if devices is not None and not (isinstance(devices, list) and all(
-                isinstance(d, dict) and d.get('path') for d in devices)):
-            out.append('{0}.devices: must be a list of dicts with a path ([{{path: /dev/nvidia0}}]), got {1!r}'.format(
-                where, devices))
-        for key in ('features', 'tags'):
-            if entry.get(key) is not None and not isinstance(entry[key], list):
-                out.append('{0}.{1}: must be a list, got {2!r}'.format(where, key, entry[key]))
-        for key in ('unprivileged', 'onboot'):
-            if key in entry and not isinstance(entry[key], bool):
-                out.append('{0}.{1}: must be true or false, got {2!r}'.format(where, key, entry[key]))
-        for key in ('nameserver', 'searchdomain'):
-            if key in entry and not (isinstance(entry[key], str) and entry[key].strip()):
-                out.append('{0}.{1}: must be a string (space-separated for several), got {2!r}'.format(
-                    where, key, entry[key]))
-        net = entry.get('net')
-        if net is not None and not isinstance(net, (str, dict)):
-            out.append('{0}.net: must be a net0 property string or a dict of netN, got {1!r}'.format(where, net))
-        elif isinstance(net, str) and 'bridge=' not in net:
-            out.append('{0}.net: {1!r} names no bridge (bridge=vmbr0)'.format(where, net))
-        rootfs = entry.get('rootfs')
-        if rootfs is not None and not (isinstance(rootfs, int) and rootfs > 0) and not isinstance(rootfs, str):
-            out.append('{0}.rootfs: a size in GiB or a PVE volume spec, got {1!r}'.format(where, rootfs))
-        gpus = entry.get('gpus', [])
-        if gpus != 'all' and not (isinstance(gpus, list) and all(
-                isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus)):
-            out.append("{0}.gpus: must be a list of GPU indexes or 'all', got {1!r}".format(where, gpus))
-            continue
-        if isinstance(gpus, list) and len(set(gpus)) != len(gpus):
-            out.append('{0}.gpus: lists a GPU twice: {1}'.format(where, gpus))
-        node_gpus = nodes.get(node)
-        if node_gpus is not None:
-            for g in gpu_list(entry, node_gpus):
+        problems = [(key, 'unknown key (known: {0})'.format(', '.join(ENTRY_KEYS)))
+                    for key in sorted(set(entry) - set(ENTRY_KEYS))]
+        for key, check in ENTRY_CHECKS:
+            if key in entry or key in REQUIRED_KEYS:
+                problems.append((key, check(key, entry.get(key)) or across(key, entry.get(key), i)))
+        if _gpu_indexes(entry.get('gpus', [])):
+            node = entry.get('node')
+            node_gpus = nodes.get(node)
+            for g in gpu_list(entry, node_gpus) if node_gpus is not None else []:
                 if g not in node_gpus:
-                    out.append('{0}.gpus: node {1} has no GPU {2} (it has {3})'.format(
-                        where, node, g, sorted(node_gpus) or 'none'))
+                    problems.append(('gpus', 'node {0} has no GPU {1} (it has {2})'.format(
+                        node, g, sorted(node_gpus) or 'none')))
+                elif not gpu_sharing and (node, g) in owner:
+                    problems.append(('gpus', 'GPU {0} of node {1} is already given to containers[{2}] '
+                                             '(set gpu_container_gpu_sharing: true to share GPUs)'.format(
+                                                 g, node, owner[(node, g)])))
                 elif not gpu_sharing:
-                    key = (node, g)
-                    if key in owner:
-                        out.append('{0}.gpus: GPU {1} of node {2} is already given to containers[{3}] '
-                                   '(set gpu_container_gpu_sharing: true to share GPUs)'.format(where, g, node, owner[key]))
-                    else:
-                        owner[key] = i
-        if gpu_list(entry, node_gpus or []) or entry.get('devices'):
-            if passthrough in ('auto', 'devn') and pve is not None and pve_version(pve) < DEVN_SINCE:
-                if passthrough == 'devn':
-                    out.append('{0}.gpus: passthrough devn needs PVE 8.1 or later; the cluster runs {1} '
-                               '(use gpu_container_passthrough: raw)'.format(where, pve))
-            elif passthrough in ('auto', 'devn') and not is_root_password:
-                out.append('{0}.gpus: GPU passthrough (devN) can only be set by root@pam with its password; '
-                           'the API login is a token. Set gpufleet_api_user: root@pam and gpufleet_api_password '
-                           '(from a vault) for provisioning runs.'.format(where))
+                    owner[(node, g)] = i
+            if devn_problem and (gpu_list(entry, node_gpus or []) or entry.get('devices')):
+                problems.append(('gpus', devn_problem))
+        where = 'containers[{0}]'.format(i) + ('' if entry.get('vmid') is None else ' (vmid {0})'.format(entry['vmid']))
+        out.extend('{0}.{1}: {2}'.format(where, key, problem) for key, problem in problems if problem)
     return out
 
 

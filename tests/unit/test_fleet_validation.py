@@ -1,0 +1,86 @@
+"""_fleet.errors: the exact sentences and their order (users and the role's messages depend on the wording)."""
+
+import pytest
+
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _fleet
+
+NODES = {'gpu01': [0, 1, 2, 3], 'util01': [], 'nogpu': None}
+KNOWN = ('vmid, hostname, node, gpus, cores, memory, swap, rootfs, net, template, storage, unprivileged, features, '
+         'tags, description, onboot, mounts, devices, state, venv_profile, nameserver, searchdomain')
+
+
+def test_every_key_checked_in_order_unknown_keys_first():
+    entry = {'vmid': 'x', 'hostname': 5, 'node': '', 'cores': '4', 'memory': 8, 'swap': True,
+             'devices': ['/dev/nvidia0'], 'features': 'nesting=1', 'tags': {}, 'unprivileged': 'yes', 'onboot': None,
+             'nameserver': ' ', 'searchdomain': ['a'], 'net': 'name=eth0', 'rootfs': 0, 'gpus': 'first',
+             'zzz': 1, 'cpu': 2}
+    assert _fleet.errors([entry], NODES) == [
+        'containers[0] (vmid x).cpu: unknown key (known: {0})'.format(KNOWN),
+        'containers[0] (vmid x).zzz: unknown key (known: {0})'.format(KNOWN),
+        "containers[0] (vmid x).vmid: must be a whole number from 100 to 999999999, got 'x'",
+        'containers[0] (vmid x).hostname: must be a string, got 5',
+        'containers[0] (vmid x).node: required',
+        "containers[0] (vmid x).cores: must be a whole number, got '4'",
+        'containers[0] (vmid x).memory: must be a whole number of at least 16, got 8',
+        'containers[0] (vmid x).swap: must be a whole number, got True',
+        "containers[0] (vmid x).devices: must be a list of dicts with a path ([{path: /dev/nvidia0}]), "
+        "got ['/dev/nvidia0']",
+        "containers[0] (vmid x).features: must be a list, got 'nesting=1'",
+        'containers[0] (vmid x).tags: must be a list, got {}',
+        "containers[0] (vmid x).unprivileged: must be true or false, got 'yes'",
+        'containers[0] (vmid x).onboot: must be true or false, got None',
+        "containers[0] (vmid x).nameserver: must be a string (space-separated for several), got ' '",
+        "containers[0] (vmid x).searchdomain: must be a string (space-separated for several), got ['a']",
+        "containers[0] (vmid x).net: 'name=eth0' names no bridge (bridge=vmbr0)",
+        'containers[0] (vmid x).rootfs: a size in GiB or a PVE volume spec, got 0',
+        "containers[0] (vmid x).gpus: must be a list of GPU indexes or 'all', got 'first'",
+    ]
+
+
+def test_required_keys_are_named_the_others_only_where_given():
+    assert _fleet.errors([{}], NODES) == ['containers[0].vmid: must be a whole number from 100 to 999999999, got None',
+                                          'containers[0].hostname: required', 'containers[0].node: required']
+    assert _fleet.errors([{'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'cores': None, 'net': None}], NODES) == []
+    assert _fleet.errors('x', NODES) == ['containers must be a list of container definitions']
+
+
+def test_checks_across_entries_follow_the_value_they_concern():
+    fleet = [{'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'gpus': [0, 1]},
+             {'vmid': 200, 'hostname': 'A', 'node': 'gpu01', 'gpus': [1, 7]},
+             {'vmid': 201, 'hostname': 'b', 'node': 'pve9', 'gpus': 'all'},
+             {'vmid': 202, 'hostname': 'c', 'node': 'util01', 'gpus': [0]},
+             {'vmid': 203, 'hostname': 'd', 'node': 'nogpu', 'gpus': [2, 2]},
+             'train-0']
+    assert _fleet.errors(fleet, NODES) == [
+        'containers[1] (vmid 200).vmid: 200 is also the vmid of containers[0]',
+        'containers[1] (vmid 200).hostname: A is also the hostname of containers[0]',
+        'containers[1] (vmid 200).gpus: GPU 1 of node gpu01 is already given to containers[0] '
+        '(set gpu_container_gpu_sharing: true to share GPUs)',
+        'containers[1] (vmid 200).gpus: node gpu01 has no GPU 7 (it has [0, 1, 2, 3])',
+        'containers[2] (vmid 201).node: pve9 is not a node of the inventory (pve_nodes: gpu01, nogpu, util01)',
+        'containers[3] (vmid 202).gpus: node util01 has no GPU 0 (it has none)',
+        'containers[4] (vmid 203).gpus: lists a GPU twice: [2, 2]',
+        'containers[5] must be a dict, got str',
+    ]
+
+
+DEVN_OLD = 'passthrough devn needs PVE 8.1 or later; the cluster runs 8.0.2 (use gpu_container_passthrough: raw)'
+TOKEN = ('GPU passthrough (devN) can only be set by root@pam with its password; the API login is a token. '
+         'Set gpufleet_api_user: root@pam and gpufleet_api_password (from a vault) for provisioning runs.')
+
+
+@pytest.mark.parametrize('pve,passthrough,is_root_password,problem', [
+    ('8.0.2', 'devn', True, DEVN_OLD),
+    ('8.0.2', 'auto', False, None),   # raw lines there
+    ('8.0.2', 'raw', False, None),
+    ('8.4.1', 'auto', False, TOKEN),
+    (None, 'devn', False, TOKEN),
+    ('8.4.1', 'devn', True, None),
+])
+def test_passthrough_is_checked_for_containers_with_gpus_or_devices(pve, passthrough, is_root_password, problem):
+    fleet = [{'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'gpus': [0]},
+             {'vmid': 201, 'hostname': 'b', 'node': 'util01', 'devices': [{'path': '/dev/fuse'}]},
+             {'vmid': 202, 'hostname': 'c', 'node': 'util01'}]
+    got = _fleet.errors(fleet, NODES, pve, is_root_password, False, passthrough)
+    assert got == ([] if problem is None else ['containers[0] (vmid 200).gpus: ' + problem,
+                                               'containers[1] (vmid 201).gpus: ' + problem])
