@@ -110,9 +110,8 @@ def audit_count(findings):
     """How many findings a venv audit has (its broken distributions, collisions, unresolved libraries, drift)."""
     findings = findings or {}
     drift = findings.get('drift') or {}
-    return sum(len(findings.get(k) or []) for k in ('broken_distributions', 'collisions', 'unresolved_libraries',
-                                                   'failed_imports')) + \
-        sum(len(v) for v in drift.values())
+    kinds = ('broken_distributions', 'collisions', 'unresolved_libraries', 'failed_imports')
+    return sum(len(findings.get(k) or []) for k in kinds) + sum(len(v) for v in drift.values())
 
 
 def _row(r):
