@@ -1,0 +1,19 @@
+"""The pieces of the lab node on the host: each one made by `up` and taken away by `down`.
+
+Every function here is idempotent.  What `up` changes outside the lab's own
+directories (device nodes, the bridge, NAT, sysctls, /etc/subuid, the `pct`
+link) is written down in the lab's host record, and `down` undoes exactly that.
+
+base: preflight, subordinate ids, the Debian base, the wheelhouse; gpus: the stand-in GPUs and driver;
+network: bridge and NAT; tls: the API's certificate and credentials; services: sshd, pct, the API daemon.
+"""
+
+from ._util import LabError, sh  # noqa: F401
+from .base import (  # noqa: F401
+    ensure_base, ensure_subids, ensure_wheelhouse, preflight, remove_subids, shift_ids)
+from .gpus import ensure_gpus, free_dynamic_major, real_nvidia, remove_gpus  # noqa: F401
+from .network import ensure_network, remove_network  # noqa: F401
+from .services import (  # noqa: F401
+    code_version, daemon_running, ensure_pct, ensure_sshd, remove_lxc_cgroups, remove_pct, sshd_running,
+    start_daemon, stop_daemon, stop_sshd, wait_api)
+from .tls import ensure_credentials, ensure_tls  # noqa: F401

@@ -1,0 +1,161 @@
+"""The lab's base: the host's preflight, subordinate ids for unprivileged containers, the Debian base that
+containers are made from, and the local wheelhouse."""
+
+import glob
+import os
+import shutil
+import sys
+from ..layout import TORCH_PIN, UNPRIV_BASE, UNPRIV_RANGE, UV_PIN
+
+from ._util import _read, sh
+
+
+BASE_PACKAGES = ('systemd-sysv', 'python3', 'python3-venv', 'ca-certificates', 'iproute2', 'procps')
+
+
+BASE_STAMP = 'bookworm minbase ' + ' '.join(BASE_PACKAGES)
+
+
+DEBIAN_MIRROR = os.environ.get('GPUFLEET_LAB_MIRROR', 'http://deb.debian.org/debian')
+
+
+PYTORCH_CPU_INDEX = 'https://download.pytorch.org/whl/cpu'
+
+
+# -- preflight ---------------------------------------------------------------------
+def preflight():
+    """What stops the lab from running on this host, as a list of plain sentences (empty: all good)."""
+    problems = []
+    if os.geteuid() != 0:
+        problems.append('the lab needs root (it makes LXC containers, device nodes and a bridge)')
+    for tool, package in (('lxc-start', 'lxc'), ('debootstrap', 'debootstrap'), ('sshd', 'openssh-server'),
+                          ('nft', 'nftables'), ('ip', 'iproute2'), ('gcc', 'gcc')):
+        if not shutil.which(tool) and not os.path.exists('/usr/sbin/' + tool):
+            problems.append('{0} is missing (apt-get install {1})'.format(tool, package))
+    try:
+        with open('/proc/filesystems') as fh:
+            if 'overlay' not in fh.read():
+                problems.append('the kernel has no overlayfs (modprobe overlay)')
+    except OSError:
+        problems.append('/proc/filesystems cannot be read')
+    if not os.path.exists('/proc/self/ns/user'):
+        problems.append('the kernel has no user namespaces, which unprivileged containers need')
+    if not os.path.isdir('/sys/fs/cgroup'):
+        problems.append('no cgroup filesystem at /sys/fs/cgroup')
+    return problems
+
+
+# -- ids --------------------------------------------------------------------------
+def ensure_subids(record):
+    line = 'root:{0}:{1}'.format(UNPRIV_BASE, UNPRIV_RANGE)
+    for path in ('/etc/subuid', '/etc/subgid'):
+        try:
+            with open(path) as fh:
+                text = fh.read()
+        except FileNotFoundError:
+            text = ''
+        if line not in text.split('\n'):
+            with open(path, 'a') as fh:
+                if text and not text.endswith('\n'):
+                    fh.write('\n')
+                fh.write(line + '\n')
+            record.setdefault('subids', []).append(path)
+
+
+def remove_subids(record):
+    line = 'root:{0}:{1}'.format(UNPRIV_BASE, UNPRIV_RANGE)
+    for path in record.get('subids', []):
+        try:
+            with open(path) as fh:
+                lines = fh.read().split('\n')
+        except FileNotFoundError:
+            continue
+        with open(path, 'w') as fh:
+            fh.write('\n'.join(x for x in lines if x != line).strip('\n') + '\n')
+
+
+# -- the Debian base --------------------------------------------------------------
+def ensure_base(lab, say):
+    """Debian 12 minbase with systemd and python3, built once with debootstrap, plus a copy owned
+    by the unprivileged id range.  Both live in the cache and survive `down`."""
+    stamp = os.path.join(os.path.dirname(lab.base_rootfs), 'stamp')
+    if _read(stamp) != BASE_STAMP or not os.path.isfile(os.path.join(lab.base_rootfs_unpriv, 'sbin', 'init')):
+        say('building the Debian 12 base with debootstrap (once; about 90 s)')
+        parent = os.path.dirname(lab.base_rootfs)
+        tmp = lab.base_rootfs + '.tmp'
+        for path in (tmp, lab.base_rootfs, lab.base_rootfs_unpriv):
+            shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(parent, exist_ok=True)
+        sh(['debootstrap', '--variant=minbase', '--include=' + ','.join(BASE_PACKAGES), 'bookworm', tmp,
+            DEBIAN_MIRROR])
+        _prepare_base(tmp)
+        os.rename(tmp, lab.base_rootfs)
+        utmp = lab.base_rootfs_unpriv + '.tmp'
+        shutil.rmtree(utmp, ignore_errors=True)
+        sh(['cp', '-a', lab.base_rootfs, utmp])
+        shift_ids(utmp, UNPRIV_BASE)
+        os.rename(utmp, lab.base_rootfs_unpriv)
+        with open(stamp, 'w') as fh:
+            fh.write(BASE_STAMP)
+
+
+def _prepare_base(root):
+    """What a PVE template has and debootstrap leaves out: networkd on, no getty storm, a clean machine-id."""
+    wants = os.path.join(root, 'etc/systemd/system/multi-user.target.wants')
+    os.makedirs(wants, exist_ok=True)
+    link = os.path.join(wants, 'systemd-networkd.service')
+    if not os.path.lexists(link):
+        os.symlink('/lib/systemd/system/systemd-networkd.service', link)
+    for unit in ('getty@tty1.service', 'console-getty.service'):
+        masked = os.path.join(root, 'etc/systemd/system', unit)
+        if not os.path.lexists(masked):
+            os.symlink('/dev/null', masked)
+    with open(os.path.join(root, 'etc/machine-id'), 'w'):
+        pass
+    with open(os.path.join(root, 'etc/hostname'), 'w') as fh:
+        fh.write('localhost\n')
+    sh(['chroot', root, 'apt-get', 'clean'], check=False)
+
+
+def shift_ids(root, offset):
+    """Shift every owner under root by offset (the rootfs of an unprivileged container)."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [dirpath] + [os.path.join(dirpath, n) for n in filenames + dirnames]:
+            if name != dirpath and os.path.isdir(name) and not os.path.islink(name):
+                continue  # the walk visits it as a dirpath
+            st = os.lstat(name)
+            os.lchown(name, st.st_uid + offset, st.st_gid + offset)
+            if not os.path.islink(name):
+                os.chmod(name, st.st_mode & 0o7777)  # chown clears setuid bits
+
+
+# -- the node wheelhouse ----------------------------------------------------------------
+def ensure_wheelhouse(lab, say):
+    """The torch build the lab pins, its dependencies and uv, for cp311 on x86_64: downloaded once into
+    the cache (the machine's local torch file where pip serves one, else the PyTorch CPU index), then
+    linked into the node wheelhouse that containers bind-mount."""
+    cache = lab.wheel_cache
+    os.makedirs(cache, exist_ok=True)
+    stamp = os.path.join(cache, 'stamp')
+    want = '{0} {1}'.format(TORCH_PIN, UV_PIN)
+    if _read(stamp) != want:
+        say('seeding the node wheelhouse with {0} and {1}'.format(TORCH_PIN, UV_PIN))
+        target = ['--only-binary=:all:', '--python-version', '3.11', '--implementation', 'cp', '--abi', 'cp311',
+                  '--platform', 'manylinux_2_28_x86_64', '--platform', 'manylinux_2_17_x86_64',
+                  '--platform', 'manylinux2014_x86_64', '--platform', 'linux_x86_64', '-d', cache]
+        pip = [sys.executable, '-m', 'pip', 'download', '--disable-pip-version-check', '-q']
+        got = sh(pip + target + ['--no-deps', TORCH_PIN], check=False)
+        if got.returncode != 0:
+            say('torch is not served locally; taking it from the PyTorch CPU index')
+            sh(pip + target + ['--no-deps', '--index-url', PYTORCH_CPU_INDEX, TORCH_PIN])
+        sh(pip + target + ['--find-links', cache, TORCH_PIN, UV_PIN])
+        with open(stamp, 'w') as fh:
+            fh.write(want)
+    os.makedirs(lab.wheelhouse, exist_ok=True)
+    for path in glob.glob(os.path.join(cache, '*.whl')):
+        dest = os.path.join(lab.wheelhouse, os.path.basename(path))
+        if not os.path.exists(dest):
+            try:
+                os.link(path, dest)
+            except OSError:
+                shutil.copy2(path, dest)

@@ -1,0 +1,125 @@
+"""The lab's stand-in GPUs: NVIDIA device nodes with the kernel's numbers, /proc entries, a stand-in userspace
+driver and nvidia-smi."""
+
+import glob
+import os
+from ..layout import DRIVER_VERSION
+
+from ._util import LabError, _write, sh
+
+
+# -- GPU stand-ins ------------------------------------------------------------------
+def real_nvidia(dev_dir):
+    return bool(glob.glob(os.path.join(dev_dir, 'nvidia[0-9]*'))) or os.path.exists('/proc/driver/nvidia/version')
+
+
+def free_dynamic_major():
+    """A character major that /proc/devices does not list, from the top of the dynamic range down,
+    the way the kernel hands one to nvidia-uvm."""
+    used = set()
+    with open('/proc/devices') as fh:
+        for line in fh:
+            if line.startswith('Block'):
+                break
+            parts = line.split()
+            if parts and parts[0].isdigit():
+                used.add(int(parts[0]))
+    for major in list(range(511, 383, -1)) + list(range(254, 233, -1)):
+        if major not in used:
+            return major
+    raise LabError('no free character device major for the nvidia-uvm stand-in')
+
+
+def ensure_gpus(lab, record, say):
+    """N /dev/nvidiaN (195:N), nvidiactl (195:255), nvidia-modeset (195:254), nvidia-uvm and
+    nvidia-uvm-tools on a dynamic major, listed in the lab's /proc/devices with the stand-in driver's
+    version file.  Made only where no real NVIDIA device nodes exist."""
+    gpus = record.get('gpus')
+    if gpus is None:
+        if real_nvidia(lab.dev_dir):
+            say('real NVIDIA device nodes found: the lab uses them and makes no stand-ins')
+            record['gpus'] = {'real': True, 'created': [], 'nodes': []}
+            return
+        uvm = free_dynamic_major()
+        nodes = [('nvidia{0}'.format(i), 195, i) for i in range(lab.gpus)]
+        nodes += [('nvidiactl', 195, 255), ('nvidia-modeset', 195, 254), ('nvidia-uvm', uvm, 0),
+                  ('nvidia-uvm-tools', uvm, 1)]
+        gpus = record['gpus'] = {'real': False, 'created': [], 'uvm_major': uvm, 'count': lab.gpus,
+                                 'nodes': [[os.path.join(lab.dev_dir, n), ma, mi] for n, ma, mi in nodes]}
+    for path, major, minor in gpus['nodes']:
+        # /dev is rebuilt at boot: make again whatever is gone.
+        if not os.path.exists(path):
+            os.mknod(path, 0o666 | 0o020000, os.makedev(major, minor))
+            os.chmod(path, 0o666)
+            if path not in gpus['created']:
+                gpus['created'].append(path)
+    if not gpus['real']:
+        write_proc(lab, gpus['uvm_major'])
+
+
+NVIDIA_SMI = """#!/bin/sh
+# gpufleet lab: nvidia-smi for the GPU stand-ins (no GPU, no driver behind them).
+version={version}
+count={count}
+case "$*" in
+  *--query-gpu=*)
+    fields=$(printf '%s\n' "$@" | sed -n 's/^--query-gpu=//p')
+    i=0
+    while [ $i -lt $count ]; do
+      line=""
+      for f in $(echo "$fields" | tr ',' ' '); do
+        case $f in
+          index) v=$i ;;
+          pci.bus_id) v=$(printf '00000000:%02X:00.0' $((0x18 + i * 0x10))) ;;
+          uuid) v=$(printf 'GPU-1ab0c0de-0000-4000-8000-%012d' $i) ;;
+          name) v="NVIDIA H100 80GB HBM3 (lab stand-in)" ;;
+          driver_version) v=$version ;;
+          *) v="[N/A]" ;;
+        esac
+        line="${{line:+$line, }}$v"
+      done
+      echo "$line"
+      i=$((i + 1))
+    done ;;
+  *--version*) echo "NVIDIA-SMI version  : $version"; echo "DRIVER version      : $version" ;;
+  *) echo "NVIDIA-SMI $version   Driver Version: $version   (lab stand-in, $count GPUs)" ;;
+esac
+"""
+
+
+def write_proc(lab, uvm_major):
+    os.makedirs(os.path.join(lab.proc_dir, 'driver', 'nvidia'), exist_ok=True)
+    with open(os.path.join(lab.proc_dir, 'devices'), 'w') as fh:
+        fh.write('Character devices:\n  1 mem\n  5 /dev/tty\n136 pts\n195 nvidia-frontend\n'
+                 '{0} nvidia-uvm\n\nBlock devices:\n  7 loop\n'.format(uvm_major))
+    smi = lab.path('driver', 'bin', 'nvidia-smi')
+    _write(smi, NVIDIA_SMI.format(version=DRIVER_VERSION, count=lab.gpus).encode(), 0o755)
+    build_driver_libs(lab.path('driver', 'lib'), DRIVER_VERSION)
+    with open(os.path.join(lab.proc_dir, 'driver', 'nvidia', 'version'), 'w') as fh:
+        fh.write('NVRM version: NVIDIA UNIX x86_64 Kernel Module  {0}  Tue Sep 30 12:00:00 UTC 2025\n'
+                 'GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n'.format(DRIVER_VERSION))
+
+
+# The userspace half of the stand-in driver: real ELF libraries with NVIDIA's names and sonames,
+# so that a container can be given "the node's driver" and its version checked, as on a real node.
+DRIVER_LIBS = {'libcuda': 'libcuda.so.1', 'libnvidia-ml': 'libnvidia-ml.so.1',
+               'libnvidia-ptxjitcompiler': 'libnvidia-ptxjitcompiler.so.1'}
+
+
+def build_driver_libs(directory, version):
+    os.makedirs(directory, exist_ok=True)
+    src = os.path.join(directory, 'standin.c')
+    with open(src, 'w') as fh:
+        fh.write('/* gpufleet lab: a stand-in for the NVIDIA userspace driver (no GPU behind it). */\n'
+                 'const char *gpufleet_standin_driver_version(void) { return "%s"; }\n' % version)
+    for name, soname in DRIVER_LIBS.items():
+        target = os.path.join(directory, '{0}.so.{1}'.format(name, version))
+        if not os.path.exists(target):
+            sh(['gcc', '-shared', '-fPIC', '-Wl,-soname,' + soname, '-o', target, src])
+    os.unlink(src)
+
+
+def remove_gpus(record):
+    for path in record.get('gpus', {}).get('created', []):
+        if os.path.exists(path):
+            os.unlink(path)

@@ -1,0 +1,155 @@
+"""The lab's services: the node's sshd, its `pct`, and the daemon that serves the PVE API."""
+
+import glob
+import os
+import subprocess
+import sys
+import time
+
+from ._util import LabError, _alive, _kill, _read, _tail, _wait_pidfile, _write, sh
+
+
+# -- sshd -------------------------------------------------------------------------------
+def ensure_sshd(lab):
+    """A real sshd on a loopback port that takes the lab's key for root: the node as Ansible reaches it."""
+    d = lab.ssh_dir
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    host_key = os.path.join(d, 'ssh_host_ed25519_key')
+    client_key = os.path.join(d, 'id_ed25519')
+    for key in (host_key, client_key):
+        if not os.path.exists(key):
+            sh(['ssh-keygen', '-q', '-t', 'ed25519', '-N', '', '-C', 'gpufleet-lab', '-f', key])
+    with open(client_key + '.pub') as fh:
+        _write(os.path.join(d, 'authorized_keys'), fh.read().encode(), 0o600)
+    with open(host_key + '.pub') as fh:
+        host_pub = fh.read().split()
+    known = '[127.0.0.1]:{0} {1} {2}\n'.format(lab.ssh_port, host_pub[0], host_pub[1])
+    _write(os.path.join(d, 'known_hosts'), known.encode(), 0o644)
+    config = '\n'.join([
+        'ListenAddress 127.0.0.1:{0}'.format(lab.ssh_port),
+        'HostKey ' + host_key,
+        'PidFile ' + os.path.join(d, 'sshd.pid'),
+        'AuthorizedKeysFile ' + os.path.join(d, 'authorized_keys'),
+        'PermitRootLogin prohibit-password',
+        'PasswordAuthentication no',
+        'KbdInteractiveAuthentication no',
+        'UsePAM no',
+        'MaxSessions 64',
+        'MaxStartups 64:30:128',
+        'AcceptEnv LANG LC_*',
+        'Subsystem sftp /usr/lib/openssh/sftp-server',
+    ]) + '\n'
+    _write(os.path.join(d, 'sshd_config'), config.encode(), 0o600)
+    if _alive(os.path.join(d, 'sshd.pid')):
+        return
+    os.makedirs('/run/sshd', mode=0o755, exist_ok=True)
+    sh(['/usr/sbin/sshd', '-f', os.path.join(d, 'sshd_config')])
+    _wait_pidfile(os.path.join(d, 'sshd.pid'))
+
+
+def stop_sshd(lab):
+    _kill(os.path.join(lab.ssh_dir, 'sshd.pid'))
+
+
+# -- pct ----------------------------------------------------------------------------------
+def ensure_pct(lab, record):
+    """`pct` on the node's PATH, running the lab's implementation with this Python."""
+    text = '#!/bin/sh\n# gpufleet lab: pct for the lab node\nexec {0} -m gpufleet.lab.pct "$@"\n'.format(
+        sys.executable)
+    if os.path.exists(lab.pct_link) and _read(lab.pct_link) != text and 'pct' not in record:
+        raise LabError('{0} exists and is not the lab\'s: is this a real Proxmox node?'.format(lab.pct_link))
+    _write(lab.pct_link, text.encode(), 0o755)
+    record['pct'] = lab.pct_link
+
+
+def remove_pct(record):
+    path = record.get('pct')
+    if path and os.path.exists(path) and 'gpufleet lab' in _read(path):
+        os.unlink(path)
+
+
+# -- the API daemon -----------------------------------------------------------------------
+def code_version():
+    """A hash of the lab's own code (every .py of the gpufleet.lab package): a daemon running older code is
+    restarted by `up`."""
+    import hashlib
+    lab_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for root, dirs, files in os.walk(lab_dir):
+        dirs[:] = sorted(d for d in dirs if d != '__pycache__')
+        for name in sorted(files):
+            if name.endswith('.py'):
+                path = os.path.join(root, name)
+                with open(path, 'rb') as fh:
+                    h.update(os.path.relpath(path, lab_dir).encode() + fh.read())
+    return h.hexdigest()[:16]
+
+
+def start_daemon(lab):
+    version_file = lab.path('run', 'pve.version')
+    if _alive(lab.daemon_pid):
+        if _read(version_file) == code_version():
+            return False
+        stop_daemon(lab)
+    os.makedirs(os.path.dirname(lab.daemon_pid), exist_ok=True)
+    os.makedirs(os.path.dirname(lab.daemon_log), exist_ok=True)
+    env = dict(os.environ, GPUFLEET_LAB_DIR=lab.root, GPUFLEET_LAB_CACHE=lab.cache, PYTHONUNBUFFERED='1')
+    # Fork twice so that the daemon is nobody's child: it outlives this process and is reaped by init.
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setsid()
+            with open(lab.daemon_log, 'ab') as log:
+                proc = subprocess.Popen([sys.executable, '-m', 'gpufleet.lab.daemon'], stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=subprocess.STDOUT, env=env, close_fds=True)
+            with open(lab.daemon_pid, 'w') as fh:
+                fh.write(str(proc.pid))
+            with open(version_file, 'w') as fh:
+                fh.write(code_version())
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+    return True
+
+
+def wait_api(lab, timeout=30):
+    import socket
+    import ssl
+    ctx = ssl.create_default_context(cafile=lab.ca_file)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((lab.api_host, lab.api_port), timeout=1) as raw:
+                with ctx.wrap_socket(raw, server_hostname=lab.api_host):
+                    return
+        except (OSError, ssl.SSLError):
+            if not _alive(lab.daemon_pid):
+                raise LabError('the lab API did not start; its log:\n' + _tail(lab.daemon_log))
+            if time.monotonic() > deadline:
+                raise LabError('the lab API did not answer within {0} s; its log:\n{1}'.format(
+                    timeout, _tail(lab.daemon_log)))
+            time.sleep(0.1)
+
+
+def stop_daemon(lab):
+    _kill(lab.daemon_pid)
+
+
+def daemon_running(lab):
+    return _alive(lab.daemon_pid)
+
+
+def sshd_running(lab):
+    return _alive(os.path.join(lab.ssh_dir, 'sshd.pid'))
+
+
+# -- cgroups LXC leaves behind ---------------------------------------------------------------
+def remove_lxc_cgroups():
+    """Empty `lxc.*` cgroups the lab's containers leave in every controller (cgroup v1 and v2)."""
+    for path in sorted(glob.glob('/sys/fs/cgroup/*/lxc.*') + glob.glob('/sys/fs/cgroup/lxc.*'),
+                       key=len, reverse=True):
+        for sub in sorted((p for p, _, _ in os.walk(path)), key=len, reverse=True):
+            try:
+                os.rmdir(sub)
+            except OSError:
+                pass
