@@ -22,11 +22,8 @@ description:
   - With O(containers), one call reconciles many containers with one login and one read of the cluster's
     guests; the top-level container options are the defaults for each entry. Every container is read and
     checked before any is changed.
-  - With O(fleet), the call takes a fleet definition instead (as the C(gpufleet.proxmox.gpu_container) role has
-    it) - the definition is checked as a whole against the cluster it logs in to (its version, and whether the
-    login is root@pam with its password, which devN needs), every problem is reported at once and nothing is
-    changed when there is one; else each entry is expanded into a container (its GPUs as devN from PVE 8.1 on,
-    or as raw lxc lines before, which M(gpufleet.proxmox.lxc_raw) writes) and reconciled as with O(containers).
+  - A fleet definition (GPUs, nodes, shared directories) is for the M(gpufleet.proxmox.fleet_plan) action, which
+    checks the definition as a whole and expands it into the plain containers this module reconciles.
 author:
   - gpufleet maintainers (@gpufleet)
 extends_documentation_fragment:
@@ -171,48 +168,6 @@ options:
         reboot tasks, which PVE fails when they find the lock.
     type: int
     default: 60
-  fleet:
-    description:
-      - A fleet definition to check and reconcile (see the description). Top-level container options are
-        not used with it.
-    type: dict
-    suboptions:
-      containers:
-        description: The fleet's entries (C(gpu_container_fleet); see the role's documentation).
-        type: list
-        elements: raw
-        required: true
-      nodes:
-        description: Each node of the inventory to its GPU indexes (null where they are not known).
-        type: dict
-        default: {}
-      defaults:
-        description: Container options every entry starts from (the template, storage, state, ...).
-        type: dict
-        default: {}
-      passthrough:
-        description: How GPUs are passed through; V(auto) is V(devn) from PVE 8.1 on and V(raw) before.
-        type: str
-        choices: [auto, devn, raw]
-        default: auto
-      gpu_sharing:
-        description: Whether a GPU may be given to more than one container.
-        type: bool
-        default: false
-      driver_mounts:
-        description: Each node to the mount (a C(mpN) value) that binds its driver bundle into its GPU containers.
-        type: dict
-        default: {}
-      shares:
-        description: Each node to the directories (C(path), C(mp), C(read_only)) bound into all its containers.
-        type: dict
-        default: {}
-      override:
-        description:
-          - Container options set on every container after the expansion, as V(state=absent) and V(force=true)
-            to destroy the fleet.
-        type: dict
-        default: {}
 '''
 
 EXAMPLES = r'''
@@ -249,18 +204,6 @@ EXAMPLES = r'''
     api_token_secret: "{{ vault_pve_audit_token }}"
     containers: "{{ fleet }}"
   check_mode: true
-
-- name: A fleet definition, checked as a whole against the cluster, then reconciled
-  gpufleet.proxmox.lxc_container:
-    api_host: pve1.example.com
-    api_user: root@pam
-    api_password: "{{ vault_pve_root_password }}"
-    fleet:
-      containers:
-        - {vmid: 200, hostname: train-0, node: pve1, gpus: [0, 1, 2, 3], cores: 32, memory: 262144}
-        - {vmid: 201, hostname: utility, node: pve1}
-      nodes: {pve1: [0, 1, 2, 3, 4, 5, 6, 7]}
-      defaults: {ostemplate: "local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst", storage: local-zfs, state: started}
 '''
 
 RETURN = r'''
@@ -307,25 +250,11 @@ api_requests:
   description: How many API requests the call made.
   returned: always
   type: int
-passthrough:
-  description: How the fleet's GPUs are passed through (V(devn) or V(raw)).
-  returned: when O(fleet) is given
-  type: str
-specs:
-  description: The fleet expanded, one dict of container options per container, as they were reconciled (with
-    raw passthrough, the containers were left unstarted for their raw lines, and their own power states are here).
-  returned: when O(fleet) is given
-  type: list
-  elements: dict
-pve_version:
-  description: The cluster's version.
-  returned: when O(fleet) is given
-  type: str
 '''
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _fleet, _lxc, _pve
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _pve
 
 
 def argument_spec():
@@ -340,50 +269,32 @@ def argument_spec():
     spec['pve_root'] = dict(type='path', default=_lxc.DEFAULTS['pve_root'])
     spec['containers'] = dict(type='list', elements='dict')
     spec['lock_timeout'] = dict(type='int', default=60)
-    spec['fleet'] = dict(type='dict', options=dict(
-        containers=dict(type='list', elements='raw', required=True), nodes=dict(type='dict', default={}),
-        defaults=dict(type='dict', default={}),
-        passthrough=dict(type='str', choices=['auto', 'devn', 'raw'], default='auto'),
-        gpu_sharing=dict(type='bool', default=False), driver_mounts=dict(type='dict', default={}),
-        shares=dict(type='dict', default={}), override=dict(type='dict', default={})))
     return spec
 
 
 def main():
     module = AnsibleModule(
         argument_spec=argument_spec(), supports_check_mode=True,
-        required_one_of=_pve.CONNECTION_REQUIRED_ONE_OF + [('vmid', 'containers', 'fleet')],
+        required_one_of=_pve.CONNECTION_REQUIRED_ONE_OF + [('vmid', 'containers')],
         required_together=_pve.CONNECTION_REQUIRED_TOGETHER,
-        mutually_exclusive=[('vmid', 'containers', 'fleet')])
+        mutually_exclusive=[('vmid', 'containers')])
     if not _pve.HAS_PROXMOXER:
         module.fail_json(msg=missing_required_lib('proxmoxer'), exception=_pve.PROXMOXER_IMPORT_ERROR)
     p = module.params
     out = {}
     try:
-        # every value of every container is checked before the login; a fleet's GPUs go in by the cluster's version
-        if p['fleet'] is not None:
-            _lxc.validate(_lxc.container_specs(dict(p, containers=_fleet.plan(p['fleet'], None, True)[1])))
-            specs = None
-        else:
-            specs = _lxc.container_specs(p)
-            _lxc.validate(specs)
+        # every value of every container is checked before the login
+        specs = _lxc.container_specs(p)
+        _lxc.validate(specs)
         client = _pve.PveClient(p)
-        if specs is None:
-            out['pve_version'] = client.version().get('version')
-            out['passthrough'], out['specs'] = _fleet.plan(p['fleet'], out['pve_version'], client.is_root_password)
-            # raw lines go into a config before its container starts: a repair leaves the containers unstarted,
-            # for the raw lines to be written first
-            p['containers'] = [dict(spec, state='present') if out['passthrough'] == 'raw' and not module.check_mode
-                               and spec.get('state') != 'absent' else spec for spec in out['specs']]
-            specs = _lxc.container_specs(p)
         results = _lxc.reconcile_all(client, specs, module.check_mode, p['lock_timeout'])
-    except (_lxc.SpecError, _fleet.FleetError) as e:
-        module.fail_json(msg=str(e), changed=False, **out)
+    except _lxc.SpecError as e:
+        module.fail_json(msg=str(e), changed=False)
     except _pve.PveError as e:
         done = getattr(e, 'done', [])
         for r in done:
             r.pop('diff', None)
-        module.fail_json(changed=any(r['changed'] for r in done), containers=done, **dict(out, **e.result()))
+        module.fail_json(changed=any(r['changed'] for r in done), containers=done, **e.result())
     out.update(changed=any(r['changed'] for r in results), containers=results, api_requests=client.requests,
                changed_keys=sorted(set(k for r in results for k in r['changed_keys'])),
                pending=sorted(set(k for r in results for k in r['pending'])),

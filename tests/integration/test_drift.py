@@ -197,8 +197,8 @@ def test_teardown_needs_its_confirmation(fleet, tmp_path, control):
     assert refused.rc != 0 and 'gpufleet_teardown_confirm={0},{1}'.format(A, B) in refused.stdout
     wrong = play('teardown.yml', tmp_path, fleet['fleet'], '-e', 'gpufleet_teardown_confirm={0}'.format(A))
     assert wrong.rc != 0 and '(got {0})'.format(A) in wrong.stdout
-    # the entry point's argument spec: a confirmation that is not a string is refused by name
-    odd = play('teardown.yml', tmp_path, fleet['fleet'], '-e', json.dumps({'gpufleet_teardown_confirm': [A, B]}))
+    # the entry point's argument spec: a confirmation that is not vmids is refused by name
+    odd = play('teardown.yml', tmp_path, fleet['fleet'], '-e', 'gpufleet_teardown_confirm=all')
     assert odd.rc != 0 and 'Validation of arguments failed' in odd.stdout, odd.stdout[-3000:]
     assert 'gpufleet_teardown_confirm' in odd.stdout
     dry = play('teardown.yml', tmp_path, fleet['fleet'], '--check')

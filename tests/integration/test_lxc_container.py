@@ -339,9 +339,11 @@ def test_bad_input_is_reported_before_the_login(play, pve, control):
     away = dict(api_host='127.0.0.1', api_port=9)
     res = only(play, ct(977, hostname='ok977', memory=8, **away))
     assert res.get('failed') and 'memory: must be a whole number of at least 16' in res['msg'], res.get('msg')
-    fleet = {'containers': [{'vmid': 977, 'hostname': 'ok977', 'node': 'pve1', 'devices': [{'path': '/dev/../x'}]}],
-             'nodes': {'pve1': [0]}, 'defaults': {'ostemplate': TEMPLATE, 'storage': 'local-lvm'}}
-    res = only(play, {'gpufleet.proxmox.lxc_container': dict(fleet=fleet, **away), 'ignore_errors': True})
+    # a fleet definition (fleet_plan, whose node here is the play's host): the same, before it asks the version
+    plan = {'containers': [{'vmid': 977, 'hostname': 'ok977', 'node': 'localhost', 'devices': [{'path': '/dev/../x'}]}],
+            'defaults': {'ostemplate': TEMPLATE, 'storage': 'local-lvm'}, 'api': dict(api_user='root@pam',
+                                                                                    api_password='x', **away)}
+    res = only(play, {'gpufleet.proxmox.fleet_plan': plan, 'ignore_errors': True})
     assert res.get('failed') and 'devices[0] (dev0): path' in res['msg'], res.get('msg')
     # the same call with good options does try the API, and says it cannot log in
     res = only(play, ct(977, hostname='ok977', **away))

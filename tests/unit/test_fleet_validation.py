@@ -2,7 +2,7 @@
 
 import pytest
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _fleet
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _fleet
 
 NODES = {'gpu01': [0, 1, 2, 3], 'util01': [], 'nogpu': None}
 KNOWN = ('vmid, hostname, node, gpus, cores, memory, swap, rootfs, net, template, storage, unprivileged, features, '

@@ -4,9 +4,8 @@ import pytest
 import base64
 import json
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import (_fleet, _lxc, _nvidia_devices, _pveconf, _venv,
-                                                                      _venv_build)
-from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _drift, _verdict
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _nvidia_devices, _pveconf, _venv, _venv_build
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _drift, _fleet, _verdict
 
 
 @pytest.mark.parametrize('key,wanted,current,equal', [
@@ -85,21 +84,34 @@ def test_fleet_specs_and_raw_lines():
 
 
 def test_fleet_plan_checks_the_whole_fleet_then_expands_it_by_the_clusters_version():
-    fleet = {'containers': [{'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'gpus': [1]}],
-             'nodes': {'gpu01': [0, 1]}, 'defaults': {'state': 'started'}, 'passthrough': 'auto'}
-    mode, specs = _fleet.plan(fleet, '9.0.3', True)
-    assert mode == 'devn' and [d['path'] for d in specs[0]['devices']][0] == '/dev/nvidia1'
-    mode, specs = _fleet.plan(fleet, '8.0.4', True)
-    assert mode == 'raw' and specs[0]['devices'] == [] and specs[0]['state'] == 'started'
-    # what the caller sets on every container comes last
-    mode, specs = _fleet.plan(dict(fleet, override={'state': 'absent', 'force': True}), '9.0.3', True)
-    assert (specs[0]['state'], specs[0]['force']) == ('absent', True)
+    nodes = {'gpu01': {'indexes': [0, 1], 'majors': {'nvidia-uvm': 509}}}
+    entries = [{'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'gpus': [1]}]
+    fleet = _fleet.Fleet(entries, nodes, defaults={'state': 'started'}, passthrough='auto')
+    assert fleet.needs_version()
+    plan = fleet.plan('9.0.3')
+    assert plan['passthrough'] == 'devn' and [d['path'] for d in plan['wanted'][0]['devices']][0] == '/dev/nvidia1'
+    assert plan['containers'] == plan['wanted'] and plan['raw'] == {}
+    plan = fleet.plan('8.0.4')
+    assert plan['passthrough'] == 'raw' and plan['wanted'][0]['devices'] == [] and plan['wanted'][0]['state'] == 'started'
+    # raw lines go in before the container starts: it is reconciled present first (not in check mode)
+    assert plan['containers'][0]['state'] == 'present' and fleet.plan('8.0.4', check_mode=True)['containers'] == \
+        plan['wanted']
+    assert 'lxc.cgroup2.devices.allow: c 195:1 rw' in plan['raw']['gpu01'][200]
+    # what the caller sets on every container comes last; a teardown needs no version
+    gone = _fleet.Fleet(entries, nodes, defaults={'state': 'started'}, override={'state': 'absent', 'force': True})
+    assert not gone.needs_version()
+    assert not _fleet.Fleet(entries, nodes, passthrough='raw').needs_version()
+    assert _fleet.Fleet(entries, nodes, passthrough='devn').needs_version()  # devN needs PVE 8.1
+    spec = gone.plan()['containers'][0]
+    assert (spec['state'], spec['force']) == ('absent', True)
     # every problem at once, the login's too
-    bad = dict(fleet, containers=[{'vmid': 99, 'hostname': 'a_b', 'node': 'gpu01', 'gpus': [1]}])
+    bad = _fleet.Fleet([{'vmid': 99, 'hostname': 'a_b', 'node': 'gpu01', 'gpus': [1]}], nodes)
     with pytest.raises(_fleet.FleetError) as e:
-        _fleet.plan(bad, '9.0.3', False)
+        bad.check('9.0.3', False)
     assert len(e.value.problems) == 3 and str(e.value).startswith('The fleet definition has 3 problem(s): ')
     assert '.vmid: must be' in str(e.value) and '.hostname:' in str(e.value) and 'root@pam' in str(e.value)
+    assert _fleet.Fleet.root_login({'api_user': 'root@pam', 'api_password': 'x'})
+    assert not _fleet.Fleet.root_login({'api_user': 'root@pam', 'api_token_id': 't'})
 
 
 def test_raw_lines_replace_only_the_main_sections_lxc_lines():

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _fleet, _lxc, _pve_schema, _pvecheck
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _pve_schema, _pvecheck
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _fleet
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMA = os.path.join(HERE, '..', '..', '..', 'shared', 'pve-api', 'pve-9.1-lxc-api.json')

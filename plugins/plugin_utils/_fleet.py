@@ -311,17 +311,72 @@ class FleetError(Exception):
             len(problems), '; '.join(problems)))
 
 
-def plan(fleet, pve, is_root_password):
-    """lxc_container's fleet option checked as a whole against the cluster (its version and whether the login
-    is root@pam with its password) and expanded: (passthrough mode, one spec per container). The mode is
-    devn from PVE 8.1 on and raw before where fleet's passthrough is auto. Raises FleetError naming every
-    problem."""
-    wanted = fleet.get('passthrough') or 'auto'
-    problems = errors(fleet.get('containers'), fleet.get('nodes') or {}, pve, is_root_password,
-                      bool(fleet.get('gpu_sharing')), wanted)
-    if problems:
-        raise FleetError(problems)
-    mode = wanted if wanted != 'auto' else ('devn' if pve_version(pve) >= DEVN_SINCE else 'raw')
-    out = specs(fleet['containers'], fleet.get('nodes') or {}, fleet.get('defaults') or {}, mode,
-                fleet.get('driver_mounts'), fleet.get('shares'))
-    return mode, [dict(spec, **(fleet.get('override') or {})) for spec in out]
+class Fleet(object):
+    """A fleet definition over what the inventory knows of its nodes: checked as a whole, then expanded into the
+    plain containers lxc_container reconciles (the fleet_plan action).
+
+    nodes: {node: {indexes: [GPU indexes] or None where gpu_node did not run, majors: {name: major},
+    driver: the driver bundle's path on the node or '', shares: [{path, mp, read_only}]}}."""
+
+    def __init__(self, containers, nodes, defaults=None, passthrough='auto', gpu_sharing=False, driver_mount='',
+                 override=None):
+        self.containers = containers
+        self.nodes = nodes or {}
+        self.defaults = defaults or {}
+        self.passthrough = passthrough or 'auto'
+        self.gpu_sharing = bool(gpu_sharing)
+        self.override = override or {}
+        self.gpus = dict((name, node.get('indexes')) for name, node in self.nodes.items())
+        self.driver_mounts = dict(
+            (name, '{0},mp={1},ro=1'.format(node['driver'], driver_mount)) for name, node in self.nodes.items()
+            if driver_mount and node.get('driver'))
+        self.shares = dict((name, node.get('shares') or []) for name, node in self.nodes.items())
+
+    @staticmethod
+    def root_login(api):
+        """Whether the API login is root@pam with its password (what devN needs): no request needed to tell."""
+        api = api or {}
+        return (api.get('api_user') or 'root@pam') == 'root@pam' and not api.get('api_token_id')
+
+    def check(self, pve=None, is_root_password=True):
+        """Raise FleetError naming every problem of the definition (pve: the cluster's version where known)."""
+        problems = errors(self.containers, self.gpus, pve, is_root_password, self.gpu_sharing, self.passthrough)
+        if problems:
+            raise FleetError(problems)
+
+    def needs_version(self):
+        """Whether the plan depends on the cluster's version: a container that stays with GPUs or devices, passed
+        through as devN (which PVE has from 8.1 on) or in auto mode (devN from 8.1 on, raw lines before)."""
+        if self.passthrough == 'raw' or self.override.get('state') == 'absent':
+            return False
+        return any(isinstance(e, dict) and (gpu_list(e, self.gpus.get(e.get('node')) or []) or e.get('devices'))
+                   for e in self.containers or [])
+
+    def expand(self, mode):
+        """One lxc_container entry per container, for passthrough mode devn or raw, with the override on top."""
+        out = specs(self.containers, self.gpus, self.defaults, mode, self.driver_mounts, self.shares)
+        return [dict(spec, **self.override) for spec in out]
+
+    def mode(self, pve=None):
+        if self.passthrough != 'auto':
+            return self.passthrough
+        if not self.needs_version():
+            return 'devn'  # nothing to pass through, or nothing that stays
+        return 'devn' if pve_version(pve) >= DEVN_SINCE else 'raw'
+
+    def plan(self, pve=None, check_mode=False):
+        """{passthrough, wanted, containers, raw}: with raw passthrough outside check mode, the containers to keep
+        are reconciled present first, for their raw lines to be written before they start; raw: {node: {vmid:
+        lines}}."""
+        mode = self.mode(pve)
+        wanted = self.expand(mode)
+        first = wanted
+        if mode == 'raw' and not check_mode:
+            first = [dict(spec, state='present') if spec.get('state') != 'absent' else spec for spec in wanted]
+        lines = {}
+        if mode == 'raw':
+            for name, node in self.nodes.items():
+                mine = raw([e for e in self.containers if e.get('node') == name], self.gpus, {name: node.get('majors')})
+                if mine:
+                    lines[name] = mine
+        return {'passthrough': mode, 'wanted': wanted, 'containers': first, 'raw': lines}

@@ -1,0 +1,146 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+module: fleet_plan
+short_description: Check a fleet definition as a whole and expand it into the containers lxc_container reconciles
+version_added: 0.1.0
+description:
+  - The gpu_container role's first step, once on the controller. It checks every entry of the fleet definition
+    against the inventory's nodes and PVE's own schema - unknown keys, duplicate vmids or hostnames, a node the
+    inventory lacks, a GPU the node lacks, a GPU given twice (unless O(gpu_sharing)), values PVE would refuse,
+    passthrough with a token-only login, devN on PVE before 8.1 - and names every problem with its container and
+    field, before any request that changes anything.
+  - It then expands each entry into plain container options for M(gpufleet.proxmox.lxc_container) - the entry over
+    O(defaults), its GPUs as C(devN) entries with the control nodes (nvidiactl, nvidia-uvm, nvidia-uvm-tools,
+    nvidia-modeset), the node's driver bundle bound in at O(driver_mount), the node's shared directories - each
+    extra mount on the highest free C(mpN), so the definition's own mounts keep theirs.
+  - What it knows of the nodes comes from the inventory - gpu_node's facts on each host of the play
+    (C(gpufleet_gpu_devices) for the GPU indexes and device majors, C(gpu_node_driver) for the driver bundle,
+    C(gpu_node_shared) for the shared directories).
+  - With GPUs in the fleet and O(passthrough) V(auto) or V(devn), it reads the cluster's version (one login and one
+    request with O(api)) - V(auto) is V(devn) from PVE 8.1 on and V(raw) before; V(devn) is refused before 8.1. With V(raw), the GPUs go in as raw C(lxc.*) lines for
+    M(gpufleet.proxmox.lxc_raw) to write, and the containers to start are reconciled V(present) first, to start once
+    their lines are written.
+  - Changes nothing.
+extends_documentation_fragment:
+  - gpufleet.proxmox.controller_action
+options:
+  containers:
+    description: The fleet's entries (C(gpu_container_fleet); see the gpu_container role's documentation).
+    type: list
+    elements: raw
+    required: true
+  defaults:
+    description: Container options every entry starts from (C(ostemplate), C(storage), C(state), C(cores), ...).
+    type: dict
+    default: {}
+  passthrough:
+    description: How GPUs are passed through; V(auto) is V(devn) from PVE 8.1 on and V(raw) before.
+    type: str
+    choices: [auto, devn, raw]
+    default: auto
+  gpu_sharing:
+    description: Whether a GPU may be given to more than one container.
+    type: bool
+    default: false
+  driver_mount:
+    description: Where each node's driver bundle is bound into its GPU containers, read-only (empty for none).
+    type: str
+    default: ""
+  override:
+    description: Container options set on every container after the expansion, as V(state=absent) and V(force=true)
+      to destroy the fleet.
+    type: dict
+    default: {}
+  api:
+    description:
+      - The PVE API connection (M(gpufleet.proxmox.lxc_container)'s C(api_*) options, C(validate_certs), C(ca_path)),
+        used only to read the cluster's version where GPUs are passed through as V(devn) or V(auto), and to tell
+        whether the login is C(root@pam) with its password (devN needs it).
+    type: dict
+    default: {}
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: In check mode the containers keep the power states the fleet wants, also with raw passthrough.
+author:
+  - gpufleet maintainers (@gpufleet)
+'''
+
+EXAMPLES = r'''
+- name: Check the fleet and expand it
+  gpufleet.proxmox.fleet_plan:
+    containers:
+      - {vmid: 200, hostname: train-0, node: pve1, gpus: [0, 1, 2, 3], cores: 32, memory: 262144}
+      - {vmid: 201, hostname: utility, node: pve1}
+    defaults: {ostemplate: "local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst", storage: local-zfs, state: started}
+    driver_mount: /opt/nvidia-driver
+    api: "{{ gpu_container_api }}"
+  run_once: true
+  register: plan
+
+- name: Reconcile them
+  gpufleet.proxmox.lxc_container:
+    containers: "{{ plan.containers }}"
+  delegate_to: localhost
+  run_once: true
+'''
+
+RETURN = r'''
+passthrough:
+  description: How the fleet's GPUs are passed through (V(devn) or V(raw)).
+  returned: success
+  type: str
+pve_version:
+  description: The cluster's version, where it was read (GPUs in the fleet, O(passthrough) V(auto) or V(devn)).
+  returned: success
+  type: str
+containers:
+  description: The containers to reconcile now, as M(gpufleet.proxmox.lxc_container)'s C(containers) takes them
+    (with raw passthrough and outside check mode, those to start are V(present) until their raw lines are written).
+  returned: success
+  type: list
+  elements: dict
+wanted:
+  description: Every container with the power state the fleet wants (what raw passthrough reconciles once the raw
+    lines are written).
+  returned: success
+  type: list
+  elements: dict
+raw:
+  description: With raw passthrough, each node to the raw C(lxc.*) lines of each of its GPU containers, by vmid.
+  returned: success
+  type: dict
+'''
+
+from ansible.module_utils.basic import AnsibleModule
+
+# The options, here beside DOCUMENTATION so that sanity checks one against the other; the action plugin
+# (plugins/action/fleet_plan.py) validates its task's arguments with this same spec.
+ARGUMENT_SPEC = {
+    'containers': {'type': 'list', 'elements': 'raw', 'required': True},
+    'defaults': {'type': 'dict', 'default': {}},
+    'passthrough': {'type': 'str', 'choices': ['auto', 'devn', 'raw'], 'default': 'auto'},
+    'gpu_sharing': {'type': 'bool', 'default': False},
+    'driver_mount': {'type': 'str', 'default': ''},
+    'override': {'type': 'dict', 'default': {}},
+    'api': {'type': 'dict', 'default': {}, 'no_log': True},
+}
+
+
+def main():
+    """Reached only where the action plugin is bypassed: the plan reads the inventory on the controller."""
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module.fail_json(msg='gpufleet.proxmox.fleet_plan runs as an action plugin on the controller')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,95 @@
+"""gpufleet.proxmox.fleet_plan through Ansible: the nodes' facts read from the inventory, the whole definition
+checked before any request, the cluster's version read only where the passthrough mode depends on it, and the
+plain containers lxc_container takes."""
+
+from conftest import API_DEFAULTS, TEMPLATE_VOLID
+
+NODE_FACTS = {
+    'gpufleet_gpu_devices': {'indexes': [0, 1], 'majors': {'nvidia-uvm': 509}},
+    'gpu_node_driver': {'path': '/opt/gpufleet/driver/580.95.05'},
+    'gpu_node_shared': [{'path': '/var/cache/gpufleet/uv', 'mp': '/var/cache/gpufleet/uv'}],
+}
+AWAY = {'api_host': '127.0.0.1', 'api_port': 9, 'api_user': 'root@pam', 'api_password': 'x'}
+
+
+def plan_tasks(containers, api=None, **options):
+    """The node's facts set on localhost (the play's only host, so the plan's only node), then the plan."""
+    args = dict(containers=containers, defaults={'ostemplate': TEMPLATE_VOLID, 'storage': 'local-lvm',
+                                                 'state': 'started'},
+                api=api or API_DEFAULTS, **options)
+    return [{'ansible.builtin.set_fact': NODE_FACTS},
+            {'gpufleet.proxmox.fleet_plan': args, 'register': 'plan', 'ignore_errors': True}]
+
+
+def planned(play, containers, *args, **options):
+    return play(plan_tasks(containers, **options), *args).task(1)
+
+
+def entry(vmid, **extra):
+    return dict({'vmid': vmid, 'hostname': 'plan{0}'.format(vmid), 'node': 'localhost'}, **extra)
+
+
+def test_a_fleet_expands_into_plain_containers_by_the_clusters_version(play, control):
+    control.clear_requests()
+    res = planned(play, [entry(990, gpus=[1]), entry(991)], driver_mount='/opt/nvidia-driver')
+    assert not res.get('failed'), res.get('msg')
+    assert res['changed'] is False and res['passthrough'] == 'devn' and res['pve_version'] == '9.0.10'
+    gpu, plain = res['containers']
+    assert [d['path'] for d in gpu['devices']] == ['/dev/nvidia1', '/dev/nvidiactl', '/dev/nvidia-uvm',
+                                                    '/dev/nvidia-uvm-tools', '/dev/nvidia-modeset']
+    # the driver bundle into GPU containers only, the node's shares into all, on the highest free mpN
+    assert gpu['mounts'] == {'mp255': '/opt/gpufleet/driver/580.95.05,mp=/opt/nvidia-driver,ro=1',
+                             'mp254': '/var/cache/gpufleet/uv,mp=/var/cache/gpufleet/uv'}
+    assert plain['mounts'] == {'mp255': '/var/cache/gpufleet/uv,mp=/var/cache/gpufleet/uv'} and plain['devices'] == []
+    assert (gpu['ostemplate'], gpu['state']) == (TEMPLATE_VOLID, 'started') and res['raw'] == {}
+    assert res['wanted'] == res['containers']
+    assert control.mutating_requests() == []
+
+
+def test_raw_passthrough_starts_the_containers_after_their_lines(play, control):
+    control.set_version('8.0.4')
+    try:
+        res = planned(play, [entry(990, gpus=[1]), entry(991, state='stopped')])
+        assert not res.get('failed'), res.get('msg')
+        assert res['passthrough'] == 'raw' and res['pve_version'] == '8.0.4'
+        assert [c['state'] for c in res['containers']] == ['present', 'present']
+        assert [c['state'] for c in res['wanted']] == ['started', 'stopped']
+        assert res['containers'][0]['devices'] == []
+        lines = res['raw']['localhost']['990']  # by vmid (a string key once the result is JSON)
+        assert 'lxc.cgroup2.devices.allow: c 195:1 rw' in lines and 'lxc.cgroup2.devices.allow: c 509:0 rw' in lines
+        # in check mode the states stay as the fleet wants them
+        checked = planned(play, [entry(990, gpus=[1])], '--check')
+        assert not checked.get('failed') and checked['containers'][0]['state'] == 'started'
+    finally:
+        control.set_version('9.0.10')
+
+
+def test_every_problem_is_named_before_any_request(play):
+    bad = [entry(990, gpus=[7]), entry(990, hostname='dup_'), entry(992, cpus=2), entry(993, memory=8)]
+    res = planned(play, bad, api=AWAY)
+    assert res.get('failed') and 'The fleet definition has 5 problem(s)' in res['msg'], res.get('msg')
+    for words in ('containers[0] (vmid 990).gpus: node localhost has no GPU 7 (it has [0, 1])',
+                  'containers[1] (vmid 990).vmid: 990 is also the vmid of containers[0]',
+                  'containers[1] (vmid 990).hostname:', 'containers[2] (vmid 992).cpus: unknown key',
+                  'containers[3] (vmid 993).memory:'):
+        assert words in res['msg'], words
+    # a node the inventory lacks
+    res = planned(play, [dict(entry(994), node='pve9')], api=AWAY)
+    assert res.get('failed') and 'pve9 is not a node of the inventory' in res['msg'], res.get('msg')
+
+
+def test_the_version_is_read_only_where_the_mode_depends_on_it(play):
+    # no GPUs, or an explicit mode, or a teardown: no request at all (the API here is unreachable)
+    assert planned(play, [entry(990)], api=AWAY)['passthrough'] == 'devn'
+    res = planned(play, [entry(990, gpus=[0])], api=AWAY, passthrough='raw')
+    assert not res.get('failed') and res['passthrough'] == 'raw' and res['pve_version'] is None
+    res = planned(play, [entry(990, gpus=[0])], api=AWAY, override={'state': 'absent', 'force': True})
+    assert not res.get('failed') and [(c['state'], c['force']) for c in res['containers']] == [('absent', True)]
+    # auto with GPUs needs the version: the login's failure is said
+    res = planned(play, [entry(990, gpus=[0])], api=AWAY)
+    assert res.get('failed') and 'cannot log in' in res['msg'], res.get('msg')
+    # devN needs root@pam with its password: a token login is refused before any request
+    token = dict(AWAY, api_token_id='t', api_token_secret='s')
+    token.pop('api_password')
+    res = planned(play, [entry(990, gpus=[0])], api=token, passthrough='devn')
+    assert res.get('failed') and 'root@pam' in res['msg'], res.get('msg')
