@@ -2,28 +2,17 @@
 # Copyright: gpufleet.proxmox contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Action for gpufleet.proxmox.fleet_plan: the nodes' facts read from the inventory, the fleet checked and
-expanded by _fleet, every value checked against PVE's schema by _lxc, and the cluster's version read through
-_pve only where the passthrough mode depends on it."""
+expanded by plugin_utils _fleet, every value checked against PVE's schema by _lxc, and the cluster's version read
+through _pve only where the plan depends on it."""
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _pve
 from ansible_collections.gpufleet.proxmox.plugins.modules.fleet_plan import ARGUMENT_SPEC
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _fleet
-
-
-def _plain(value):
-    if isinstance(value, dict) or hasattr(value, 'items'):
-        return dict((k, _plain(v)) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils._action import ControllerAction, host_var
 
 
 def nodes_seen(hostvars, nodes):
@@ -31,41 +20,34 @@ def nodes_seen(hostvars, nodes):
     driver bundle's path, the shared directories."""
     out = {}
     for name in nodes:
-        try:
-            facts = hostvars[name]
-            devices = _plain(facts.get('gpufleet_gpu_devices')) or {}
-            out[name] = {'indexes': devices.get('indexes'), 'majors': devices.get('majors') or {},
-                         'driver': (_plain(facts.get('gpu_node_driver')) or {}).get('path') or '',
-                         'shares': _plain(facts.get('gpu_node_shared')) or []}
-        except KeyError:
-            out[name] = {'indexes': None, 'majors': {}, 'driver': '', 'shares': []}
+        devices = host_var(hostvars, name, 'gpufleet_gpu_devices', {})
+        out[name] = {'indexes': devices.get('indexes'), 'majors': devices.get('majors') or {},
+                     'driver': host_var(hostvars, name, 'gpu_node_driver', {}).get('path') or '',
+                     'shares': host_var(hostvars, name, 'gpu_node_shared', [])}
     return out
 
 
 def connection(api):
     """The API options as lxc_container takes them, checked (an error names api.<field>)."""
-    api = dict((k, v) for k, v in (api or {}).items()
-               if not (isinstance(v, str) and v.startswith('__omit_place_holder__')))
     result = ArgumentSpecValidator(_pve.CONNECTION_SPEC, required_one_of=_pve.CONNECTION_REQUIRED_ONE_OF,
-                                   required_together=_pve.CONNECTION_REQUIRED_TOGETHER).validate(api)
+                                   required_together=_pve.CONNECTION_REQUIRED_TOGETHER).validate(dict(api))
     if result.error_messages:
         raise AnsibleActionFail('api: {0}'.format('; '.join(result.error_messages)))
     return result.validated_parameters
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
+class ActionModule(ControllerAction):
+    ARGUMENT_SPEC = ARGUMENT_SPEC
     _VALID_ARGS = frozenset(ARGUMENT_SPEC)
-    _requires_connection = False
 
-    def run(self, tmp=None, task_vars=None):
-        result = super(ActionModule, self).run(tmp, task_vars)
-        args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)[1]
+    def act(self, args, task_vars):
         seen = nodes_seen(task_vars.get('hostvars') or {}, task_vars.get('ansible_play_hosts_all') or [])
         fleet = _fleet.Fleet(args['containers'], seen, defaults=args['defaults'], passthrough=args['passthrough'],
                              gpu_sharing=args['gpu_sharing'], driver_mount=args['driver_mount'],
                              override=args['override'])
-        api = args['api']
+        # what a role leaves out of the connection options (omit) is not an option
+        api = dict((k, v) for k, v in args['api'].items()
+                   if not (isinstance(v, str) and v.startswith('__omit_place_holder__')))
         try:
             # every problem of the definition and every value PVE would refuse, before the login (in auto mode, a
             # token login is a problem only where the cluster has devN: that waits for its version)
@@ -81,5 +63,4 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail(str(e))
         except _pve.PveError as e:
             raise AnsibleActionFail(e.result().get('msg') or str(e))
-        result.update(plan, changed=False, pve_version=version)
-        return result
+        return dict(plan, changed=False, pve_version=version)

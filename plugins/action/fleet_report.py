@@ -4,26 +4,14 @@
 """Action for gpufleet.proxmox.fleet_report: what the run left in the inventory, read once, judged by plugin_utils
 (_verdict for the verification, _drift for the drift) and written by _reports."""
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 import os
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpufleet.proxmox.plugins.modules.fleet_report import ARGUMENT_SPEC
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _drift, _reports, _verdict
-
-
-def _plain(value):
-    """A host variable as plain data (Ansible's lazy containers made into dicts and lists)."""
-    if isinstance(value, dict) or hasattr(value, 'items'):
-        return dict((k, _plain(v)) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils._action import ControllerAction, host_var
 
 
 class Run(object):
@@ -35,11 +23,7 @@ class Run(object):
         self.containers = list(groups.get(containers_group) or [])
 
     def var(self, host, name, default=None):
-        try:
-            value = self.hostvars[host].get(name, default)
-        except KeyError:
-            return default
-        return _plain(value) if value is not None else default
+        return host_var(self.hostvars, host, name, default)
 
     def reader(self):
         """The first node that read the fleet in this run (with --limit, maybe not the first node)."""
@@ -67,14 +51,11 @@ class Run(object):
                     for h in self.containers)
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
+class ActionModule(ControllerAction):
+    ARGUMENT_SPEC = ARGUMENT_SPEC
     _VALID_ARGS = frozenset(ARGUMENT_SPEC)
-    _requires_connection = False
 
-    def run(self, tmp=None, task_vars=None):
-        result = super(ActionModule, self).run(tmp, task_vars)
-        args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)[1]
+    def act(self, args, task_vars):
         check_mode = bool(self._task.check_mode)
         seen = Run(task_vars.get('hostvars') or {}, task_vars.get('groups') or {}, args['nodes_group'],
                    args['containers_group'])
@@ -85,11 +66,10 @@ class ActionModule(ActionBase):
                 run = args['run'] or {}
                 reports = seen.reports(run.get('id'))
                 verdict = _verdict.fleet(reports, seen.definition(), seen.reconcile(), run, check_mode)
-                mine = dict((r['host'], r) for r in reports
-                            if r.get('host') in set(row['host'] for row in verdict['containers']
-                                                    if row['state'] in ('verified', 'failed')))
-                mine['summary'] = verdict
-                done = _reports.write_all(args['dir'], mine, prune_others=True)
+                judged = set(row['host'] for row in verdict['containers'] if row['state'] in ('verified', 'failed'))
+                files = dict((r['host'], r) for r in reports if r.get('host') in judged)
+                files['summary'] = verdict
+                done = _reports.write_all(args['dir'], files, prune_others=True)
                 written += done[0]
                 removed += done[1]
                 out['fleet'] = verdict
@@ -102,5 +82,4 @@ class ActionModule(ActionBase):
                 out['drift'] = drift
         except _reports.ReportError as e:
             raise AnsibleActionFail(str(e))
-        result.update(out, changed=False, written=written, removed=removed)
-        return result
+        return dict(out, changed=False, written=written, removed=removed)

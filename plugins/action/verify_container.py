@@ -5,9 +5,6 @@
 plugin_utils _verdict's; this runs the modules they call for (slurp of the venv's marker, venv_audit,
 torch_verify) over the task's connection."""
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 from ansible.plugins.action import ActionBase
 

@@ -5,9 +5,6 @@
 Each filter imports its module_utils when it is called: Ansible loads this file in every worker that uses any of
 its filters, and most use one."""
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 import importlib
 

@@ -8,9 +8,6 @@ a Python extension module, reading only the headers, the dynamic section and its
 few reads).
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 import os
 import struct

@@ -4,9 +4,6 @@
 """Files and links replaced in one rename, so a reader sees the old one or the new one, never half of one
 (standard library only)."""
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 import io
 import json

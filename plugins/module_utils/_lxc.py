@@ -12,9 +12,6 @@ The rules:
 - an existing container is never destroyed or recreated unless `state: absent`.
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 import os
 import re

@@ -6,9 +6,6 @@
 Used on a node (what can be passed through) and inside a container (what was passed through).
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 import os
 import re

@@ -12,9 +12,6 @@ Numbers: the NVIDIA frontend is character major 195; /dev/nvidiaN is minor N, nv
 /proc/devices, with nvidia-uvm minor 0 and nvidia-uvm-tools minor 1.
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 import errno
 import os

@@ -8,9 +8,6 @@ out as `PveError` with PVE's own message (the HTTP reason phrase), the per-field
 400, and for a failed task its exit status and the last lines of its log.
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 import time
 import traceback

@@ -9,9 +9,6 @@ provisioning.
 Indexed keys (net, mp, dev) are under their family name; INDEXED says how many of each PVE defines.
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 INDEXED = {'net': 32, 'mp': 256, 'dev': 256}
 

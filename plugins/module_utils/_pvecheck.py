@@ -11,9 +11,6 @@ lxc-ip-with-ll-iface). Where the collection is stricter than PVE it says so.
 Standard library only.
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 import re
 import socket

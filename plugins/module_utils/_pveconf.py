@@ -9,9 +9,6 @@ when raw lines are managed, the whole set of `lxc.*` lines of the main section i
 Standard library only: this runs on the node.
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 import os
 import re

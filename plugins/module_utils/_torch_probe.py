@@ -8,9 +8,6 @@ at once, with a diagnosis of the devices and of the venv's shared libraries when
 Standard library only (the probe itself runs inside the venv, where torch is).
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 import glob
 import json

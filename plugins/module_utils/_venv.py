@@ -5,9 +5,6 @@
 and the commands that repair all of it (standard library only: it runs with the target's system Python).
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 import base64
 import csv

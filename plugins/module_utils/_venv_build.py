@@ -14,9 +14,6 @@ switch a stable symlink to it atomically, keeping the previous ones for rollback
 Standard library only: it runs with the target's system Python.
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 import fcntl
 import hashlib

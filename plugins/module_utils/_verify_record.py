@@ -4,9 +4,6 @@
 """The record a passing verification leaves in its venv (torch_verify writes it, venv_build reads it back): the
 result, when it was made, and the fingerprint of what it depended on."""
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 import os
 import time

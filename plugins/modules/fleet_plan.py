@@ -3,10 +3,6 @@
 # Copyright: gpufleet.proxmox contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
-
 DOCUMENTATION = r'''
 module: fleet_plan
 short_description: Check a fleet definition as a whole and expand it into the containers lxc_container reconciles
@@ -25,9 +21,9 @@ description:
     (C(gpufleet_gpu_devices) for the GPU indexes and device majors, C(gpu_node_driver) for the driver bundle,
     C(gpu_node_shared) for the shared directories).
   - With GPUs in the fleet and O(passthrough) V(auto) or V(devn), it reads the cluster's version (one login and one
-    request with O(api)) - V(auto) is V(devn) from PVE 8.1 on and V(raw) before; V(devn) is refused before 8.1. With V(raw), the GPUs go in as raw C(lxc.*) lines for
-    M(gpufleet.proxmox.lxc_raw) to write, and the containers to start are reconciled V(present) first, to start once
-    their lines are written.
+    request with O(api)) - V(auto) is V(devn) from PVE 8.1 on and V(raw) before; V(devn) is refused before 8.1.
+  - With V(raw), the GPUs go in as raw C(lxc.*) lines for M(gpufleet.proxmox.lxc_raw) to write, and the containers
+    to start are reconciled V(present) first, to start once their lines are written.
   - Changes nothing.
 extends_documentation_fragment:
   - gpufleet.proxmox.controller_action

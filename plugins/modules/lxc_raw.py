@@ -3,10 +3,6 @@
 # Copyright: gpufleet.proxmox contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
-
 DOCUMENTATION = r'''
 module: lxc_raw
 short_description: The raw lxc.* lines of a Proxmox VE container's config, on a node

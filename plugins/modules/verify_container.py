@@ -3,10 +3,6 @@
 # Copyright: gpufleet.proxmox contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
-
 DOCUMENTATION = r'''
 module: verify_container
 short_description: Verify one container's venv and torch, or reuse its last passing verification

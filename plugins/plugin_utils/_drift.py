@@ -4,10 +4,6 @@
 """Drift in words: what each stage of a site run found different from the fleet definition (in check mode:
 what a repair run would change), as items {stage, item, detail} per node and per container."""
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
-
 
 def _item(stage, item, detail, **extra):
     out = {'stage': stage, 'item': item, 'detail': detail}

@@ -8,9 +8,6 @@ A fleet entry (see roles/gpu_container/meta/argument_specs.yml):
      storage, unprivileged, features, tags, description, onboot, mounts, devices}
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 import re
 

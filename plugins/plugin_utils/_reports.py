@@ -4,9 +4,6 @@
 """Reports on the controller: JSON files in a private directory (0700), each 0600 and replaced in one rename, and
 the reports of earlier runs removed. The write_reports and fleet_report actions write through here."""
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 import json
 import os

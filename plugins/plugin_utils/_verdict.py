@@ -4,9 +4,6 @@
 """The verify role's decisions for one container, on the controller (the verify_container action): what to expect,
 whether the last passing verification stands, the report and its problems in words."""
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
 
 import base64
 import hashlib
