@@ -53,12 +53,13 @@ def collection_venv():
         return _venv
     except ImportError:
         pass
+    # Ansible's own collection loader, as its CLI sets it up (the checkout's .collections first)
     from ansible import constants
-    from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
+    from ansible.plugins.loader import init_plugin_loader
     checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                             '.collections')
-    paths = list(constants.COLLECTIONS_PATHS) + ([checkout] if os.path.isdir(checkout) else [])
-    _AnsibleCollectionFinder(paths=paths)._install()
+    paths = ([checkout] if os.path.isdir(checkout) else []) + list(constants.COLLECTIONS_PATHS)
+    init_plugin_loader(paths)
     try:
         from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv
     except ImportError:
