@@ -11,10 +11,12 @@ switch a stable symlink to it atomically, keeping the previous ones for rollback
     <root>/history.json          the ids in the order they were made active, newest last
     <link> -> <root>/<id>        the stable path jobs use (/root/venv)
 
+Store(root, link) is that layout: what is there, and the steps that change it. deploy(Request) is the entry point.
 Standard library only: it runs with the target's system Python.
 """
 
 
+import contextlib
 import fcntl
 import hashlib
 import io
@@ -92,56 +94,6 @@ def venv_id(lock_text, overrides, python):
     for part in (lock_text, '\n'.join(_venv.canon(o) for o in overrides), python):
         h.update(part.encode('utf-8') + b'\0')
     return h.hexdigest()[:16]
-
-
-# -- the venvs on disk ---------------------------------------------------------------------------
-def read_marker(path):
-    return read_json(os.path.join(path, MARKER))
-
-
-def complete(root, vid):
-    return read_marker(os.path.join(root, vid)) is not None
-
-
-def active(root, link):
-    """The id the link points at (None when it is missing or points outside root)."""
-    if not os.path.islink(link):
-        return None
-    target = os.path.realpath(link)
-    if os.path.dirname(target) != os.path.realpath(root):
-        return None
-    return os.path.basename(target)
-
-
-def read_history(root):
-    history = read_json(os.path.join(root, 'history.json'))
-    return [h for h in history if isinstance(h, str)] if isinstance(history, list) else []
-
-
-def check_link(link):
-    if os.path.lexists(link) and not os.path.islink(link):
-        raise ValueError('link: {0} is a real {1}, not a symlink this module manages; move it away first '
-                         '(mv {0} {0}.old) and run again'.format(link, 'directory' if os.path.isdir(link) else 'file'))
-
-
-def plan_prune(root, keep_ids):
-    """Venv directories under root to remove: finished ones not kept, and unfinished builds."""
-    out = []
-    if not os.path.isdir(root):
-        return out
-    for name in sorted(os.listdir(root)):
-        if ID.match(name) and os.path.isdir(os.path.join(root, name)) and name not in keep_ids:
-            out.append(name)
-    return out
-
-
-def kept(root, history, now, keep):
-    """The active id plus the `keep` most recently active others that still exist."""
-    previous = []
-    for vid in reversed(history):
-        if vid != now and vid not in previous and complete(root, vid):
-            previous.append(vid)
-    return [now] + previous[:keep]
 
 
 # -- building ---------------------------------------------------------------------------------
@@ -223,55 +175,6 @@ def import_check(py, imports, env, timeout):
                          failed_imports=failed)
 
 
-def mend(link, lock, plan, overrides, install_args, uv, imports, env, timeout):
-    """Apply an audit's repair plan to the venv at link, in its order, then audit it again and import the imports
-    with it. Returns the audit after the repair; raises RepairError naming the step or the findings left."""
-    try:
-        for argv in plan:
-            run(argv, env, timeout, 'the repair step {0}'.format(' '.join(argv)))
-        after = _venv.audit(link, lock, 'fast', 'uv', install_args, overrides, uv)
-        if not after['healthy']:
-            raise BuildError('the repaired venv still has findings: {0}'.format(summary(after['findings'])),
-                             findings=after['findings'])
-        import_check(os.path.join(link, 'bin', 'python'), imports, env, timeout)
-    except BuildError as e:
-        raise RepairError(str(e), **e.details)
-    return after
-
-
-def build(target, lock_text, overrides, python, uv, install_args, env, imports, timeout):
-    """Make the venv at target; raises BuildError (target removed) when any step or check fails."""
-    timings = {}
-    try:
-        started = time.time()
-        run([uv, 'venv', '--quiet', '--allow-existing', '--python', python, target], env, timeout, 'uv venv')
-        py = os.path.join(target, 'bin', 'python')
-        for n, text in enumerate(phases(lock_text, overrides)):
-            part = os.path.join(target, 'gpufleet-lock-{0}.txt'.format(n))
-            with io.open(part, 'w', encoding='utf-8') as fh:
-                fh.write(text)
-            run([uv, 'pip', 'install', '--python', py, '--require-hashes', '--no-deps', '-r', part]
-                + list(install_args), env, timeout,
-                'installing the lock' if n == 0 else 'installing the overrides ({0})'.format(', '.join(overrides)))
-            os.unlink(part)
-        timings['install_s'] = round(time.time() - started, 2)
-        started = time.time()
-        own_lock = os.path.join(target, LOCK_COPY)  # the venv keeps the lock it was built from
-        write_text(own_lock, lock_text)
-        report = _venv.audit(target, own_lock, 'fast', 'uv', install_args, overrides, uv)
-        timings['audit_s'] = round(time.time() - started, 2)
-        if not report['healthy']:
-            raise BuildError('the new venv failed its audit: {0}'.format(summary(report['findings'])),
-                             findings=report['findings'])
-        started = time.time()
-        import_check(py, imports, env, timeout)
-        timings['import_s'] = round(time.time() - started, 2)
-        return timings, report
-    except BuildError:
-        shutil.rmtree(target, ignore_errors=True)
-        raise
-
-
 def summary(findings):
     parts = []
     for b in findings['broken_distributions']:
@@ -293,6 +196,150 @@ def summary(findings):
         for item in items:
             parts.append('{0} {1}'.format(kind.replace('_', ' '), item['name']))
     return '; '.join(parts) or 'none'
+
+
+# -- the store --------------------------------------------------------------------------------
+class Store:
+    """The venvs under root and the link to the active one, laid out as above: which venv is active, which were,
+    which are complete, and the steps that change them (a build, the switch of the link, the history, the prune, a
+    repair). deploy makes its changes to the history, the link and the venvs under locked()."""
+
+    def __init__(self, root, link):
+        self.root, self.link = root, link
+
+    def path(self, vid):
+        """The directory of the venv vid."""
+        return os.path.join(self.root, vid)
+
+    def marker(self, vid):
+        """The marker of the venv vid (None while its build is unfinished, or when there is none)."""
+        return read_json(os.path.join(self.path(vid), MARKER))
+
+    def complete(self, vid):
+        return self.marker(vid) is not None
+
+    def active(self):
+        """The id the link points at (None when it is missing or points outside root)."""
+        if not os.path.islink(self.link):
+            return None
+        target = os.path.realpath(self.link)
+        if os.path.dirname(target) != os.path.realpath(self.root):
+            return None
+        return os.path.basename(target)
+
+    def history(self):
+        """The ids in the order they were made active, newest last ([] when there is no history.json)."""
+        history = read_json(os.path.join(self.root, 'history.json'))
+        return [h for h in history if isinstance(h, str)] if isinstance(history, list) else []
+
+    def check_link(self):
+        """Raises ValueError when the link is a real file or directory, which is never replaced."""
+        link = self.link
+        if os.path.lexists(link) and not os.path.islink(link):
+            raise ValueError('link: {0} is a real {1}, not a symlink this module manages; move it away first '
+                             '(mv {0} {0}.old) and run again'.format(link, 'directory' if os.path.isdir(link) else
+                                                                     'file'))
+
+    def kept(self, history, now, keep):
+        """The id now plus the `keep` most recently active others of history that still exist."""
+        previous = []
+        for vid in reversed(history):
+            if vid != now and vid not in previous and self.complete(vid):
+                previous.append(vid)
+        return [now] + previous[:keep]
+
+    def plan_prune(self, keep_ids):
+        """Venv directories under root to remove: finished ones not kept, and unfinished builds."""
+        out = []
+        if not os.path.isdir(self.root):
+            return out
+        for name in sorted(os.listdir(self.root)):
+            if ID.match(name) and os.path.isdir(self.path(name)) and name not in keep_ids:
+                out.append(name)
+        return out
+
+    @contextlib.contextmanager
+    def locked(self):
+        """Holds root's lock (<root>/.lock, root made where missing) for the changes made in the with block."""
+        if not os.path.isdir(self.root):
+            os.makedirs(self.root, 0o755)
+        with io.open(os.path.join(self.root, '.lock'), 'w') as lock_fh:
+            fcntl.flock(lock_fh, fcntl.LOCK_EX)
+            yield
+
+    def build(self, vid, req, *, lock_text, env):
+        """Make the venv vid of lock_text (the lock's text, which req may only name by its lock_path) with req's
+        python, uv, overrides, install_args, imports and timeout, and env (uv_env's) for uv: an unfinished build
+        there removed first, the marker written last. Returns (timings, its audit); raises BuildError (the venv
+        removed) when any step or check fails."""
+        target = self.path(vid)
+        if os.path.exists(target):
+            shutil.rmtree(target)  # an unfinished build of an earlier run
+        timings = {}
+        try:
+            started = time.time()
+            run([req.uv, 'venv', '--quiet', '--allow-existing', '--python', req.python, target], env, req.timeout,
+                'uv venv')
+            py = os.path.join(target, 'bin', 'python')
+            for n, text in enumerate(phases(lock_text, req.overrides)):
+                part = os.path.join(target, 'gpufleet-lock-{0}.txt'.format(n))
+                with io.open(part, 'w', encoding='utf-8') as fh:
+                    fh.write(text)
+                run([req.uv, 'pip', 'install', '--python', py, '--require-hashes', '--no-deps', '-r', part]
+                    + list(req.install_args), env, req.timeout,
+                    'installing the lock' if n == 0 else
+                    'installing the overrides ({0})'.format(', '.join(req.overrides)))
+                os.unlink(part)
+            timings['install_s'] = round(time.time() - started, 2)
+            started = time.time()
+            own_lock = os.path.join(target, LOCK_COPY)  # the venv keeps the lock it was built from
+            write_text(own_lock, lock_text)
+            report = _venv.audit(target, own_lock, 'fast', 'uv', req.install_args, req.overrides, req.uv)
+            timings['audit_s'] = round(time.time() - started, 2)
+            if not report['healthy']:
+                raise BuildError('the new venv failed its audit: {0}'.format(summary(report['findings'])),
+                                 findings=report['findings'])
+            started = time.time()
+            import_check(py, list(req.imports), env, req.timeout)
+            timings['import_s'] = round(time.time() - started, 2)
+        except BuildError:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        write_json(os.path.join(target, MARKER), {
+            'id': vid, 'lock_sha256': hashlib.sha256(lock_text.encode('utf-8')).hexdigest(),
+            'overrides': list(req.overrides), 'python': req.python, 'built_at': int(time.time()),
+            'meta': req.meta or {}})
+        return timings, report
+
+    def switch(self, vid):
+        """The link pointed at the venv vid, in one rename: a job starting at any moment sees the old venv or the
+        new one."""
+        replace_link(self.link, self.path(vid))
+
+    def record(self, history):
+        """history (ids, newest last) written as root's history.json."""
+        write_json(os.path.join(self.root, 'history.json'), history)
+
+    def remove(self, vids):
+        """The venvs vids removed (plan_prune's)."""
+        for name in vids:
+            shutil.rmtree(self.path(name), ignore_errors=True)
+
+    def mend(self, plan, req, *, lock, env):
+        """Apply an audit's repair plan to the venv at the link, in its order, then audit it again against lock
+        (with req's install_args, overrides and uv) and import req's imports with it, env (uv_env's) for each
+        command. Returns the audit after the repair; raises RepairError naming the step or the findings left."""
+        try:
+            for argv in plan:
+                run(argv, env, req.timeout, 'the repair step {0}'.format(' '.join(argv)))
+            after = _venv.audit(self.link, lock, 'fast', 'uv', req.install_args, req.overrides, req.uv)
+            if not after['healthy']:
+                raise BuildError('the repaired venv still has findings: {0}'.format(summary(after['findings'])),
+                                 findings=after['findings'])
+            import_check(os.path.join(self.link, 'bin', 'python'), list(req.imports), env, req.timeout)
+        except BuildError as e:
+            raise RepairError(str(e), **e.details)
+        return after
 
 
 class Request:
@@ -341,43 +388,42 @@ def deploy(req):
     env = uv_env(req.cache_dir, req.link_mode)
     if req.link_mode == 'hardlink':
         check_same_mount(req.root, req.cache_dir)
-    result, built_report = deploy_venv(req, env)
+    store = Store(req.root, req.link)
+    result, built_report = deploy_venv(store, req, env)
     if req.audit and not (req.check and (result['built'] or result['switched'])):
         venv = result['venv']
         own = os.path.join(venv, LOCK_COPY)
         # A venv built in this run was audited by its build, against the same lock, moments ago.
         lock = own if os.path.exists(own) else req.lock_path
-        result['audit'] = built_report or _venv.audit(req.link, lock, req.audit_mode, 'uv', req.install_args,
+        result['audit'] = built_report or _venv.audit(store.link, lock, req.audit_mode, 'uv', req.install_args,
                                                       req.overrides, req.uv, list(req.imports), env, req.timeout)
         result['verified'] = _verify_record.read_record(venv)
         if req.repair and not result['audit']['healthy']:
             result.update(changed=True, repaired=not req.check)
             if not req.check:
-                result['repair_audit'] = mend(req.link, lock, result['audit']['plan'], req.overrides,
-                                              req.install_args, req.uv, list(req.imports), env, req.timeout)
+                result['repair_audit'] = store.mend(result['audit']['plan'], req, lock=lock, env=env)
     return result
 
 
-def deploy_venv(req, env):
-    """deploy's venv part: the lock's venv built where it is missing (or the previous one picked, for a rollback),
-    the link switched to it, old venvs removed and the lock written, with env (uv_env's) for uv. Returns (the
-    result dict, the new venv's audit or None)."""
-    root, link = req.root, req.link
-    check_link(link)
+def deploy_venv(store, req, env):
+    """deploy's venv part in store (a Store): the lock's venv built where it is missing (or the previous one picked,
+    for a rollback), the link switched to it, old venvs removed and the lock written, with env (uv_env's) for uv.
+    Returns (the result dict, the new venv's audit or None)."""
+    store.check_link()
     lock_text = req.lock_text
     given = lock_text is not None and not req.rollback
     if req.keep < 0:
         raise ValueError('keep: must be 0 or more, got {0}'.format(req.keep))
-    history = read_history(root)
-    current = active(root, link)
+    history = store.history()
+    current = store.active()
     if current and current not in history:
         history.append(current)
     result = {'changed': False, 'built': False, 'switched': False, 'previous': current, 'removed': [],
-              'timings': {}, 'link': link}
+              'timings': {}, 'link': store.link}
     if req.rollback:
-        candidates = [v for v in reversed(history) if v != current and complete(root, v)]
+        candidates = [v for v in reversed(history) if v != current and store.complete(v)]
         if not candidates:
-            raise ValueError('rollback: there is no previous venv under {0} to go back to'.format(root))
+            raise ValueError('rollback: there is no previous venv under {0} to go back to'.format(store.root))
         vid = candidates[0]
     else:
         if lock_text is None:
@@ -391,13 +437,12 @@ def deploy_venv(req, env):
             raise ValueError('python_version: the lock is for Python {0}, but {1} is Python {2}'.format(
                 wanted, req.python, have))
         vid = venv_id(lock_text, req.overrides, interpreter)
-    target = os.path.join(root, vid)
-    result.update(id=vid, venv=target, meta=(read_marker(target) or {}).get('meta', req.meta or {}))
-    need_build = not req.rollback and not complete(root, vid)
+    result.update(id=vid, venv=store.path(vid), meta=(store.marker(vid) or {}).get('meta', req.meta or {}))
+    need_build = not req.rollback and not store.complete(vid)
     need_switch = current != vid
     if need_switch or history[-1:] != [vid]:
         history = [h for h in history if h != vid] + [vid]
-    remove = [r for r in plan_prune(root, kept(root, history, vid, req.keep)) if r != vid]
+    remove = [r for r in store.plan_prune(store.kept(history, vid, req.keep)) if r != vid]
     write_lock = given and read_text(req.lock_path) != lock_text
     work = bool(need_build or need_switch or remove or write_lock)
     result['uv_installed'] = ensure_uv(req.uv, req.python, req.uv_version, req.uv_find_links, req.check)
@@ -406,26 +451,15 @@ def deploy_venv(req, env):
     report = None
     if req.check or not work:
         return result, report
-    if not os.path.isdir(root):
-        os.makedirs(root, 0o755)
-    with io.open(os.path.join(root, '.lock'), 'w') as lock_fh:
-        fcntl.flock(lock_fh, fcntl.LOCK_EX)
+    with store.locked():
         if need_build:
-            if os.path.exists(target):
-                shutil.rmtree(target)  # an unfinished build of an earlier run
-            timings, report = build(target, lock_text, req.overrides, req.python, req.uv, req.install_args, env,
-                                    list(req.imports), req.timeout)
+            timings, report = store.build(vid, req, lock_text=lock_text, env=env)
             result['timings'] = timings
             result['distributions'] = report['distributions']
-            write_json(os.path.join(target, MARKER), {
-                'id': vid, 'lock_sha256': hashlib.sha256(lock_text.encode('utf-8')).hexdigest(),
-                'overrides': list(req.overrides), 'python': req.python, 'built_at': int(time.time()),
-                'meta': req.meta or {}})
         if need_switch:
-            replace_link(link, target)  # a job starting at any moment sees the old venv or the new one
-        write_json(os.path.join(root, 'history.json'), history)
-        for name in remove:
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            store.switch(vid)
+        store.record(history)
+        store.remove(remove)
         if write_lock:
             write_text(req.lock_path, lock_text)
     return result, report
