@@ -9,7 +9,6 @@ provisioning.
 Indexed keys (net, mp, dev) are under their family name; INDEXED says how many of each PVE defines.
 """
 
-
 INDEXED = {'net': 32, 'mp': 256, 'dev': 256}
 
 PROPERTIES = {

@@ -81,10 +81,6 @@ Made by tests/unit/gen_pve_schema.py from
 Indexed keys (net, mp, dev) are under their family name; INDEXED says how many of each PVE defines.
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
-
 '''.format(textwrap.fill(source, 110))
     body = 'INDEXED = {0}\n\nPROPERTIES = {1}\n'.format(literal(INDEXED), literal(table(schema)))
     return head + body
