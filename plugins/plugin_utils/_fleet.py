@@ -77,7 +77,9 @@ def _hostname(key, value):
 
 
 def _node(key, value):
-    return None if value else 'required'
+    if not value:
+        return 'required'
+    return None if isinstance(value, str) else 'must be the name of a node, got {0!r}'.format(value)
 
 
 def _whole_number(key, value):
@@ -192,7 +194,7 @@ def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, pas
                 problems.append((key, check(key, entry.get(key)) or across(key, entry.get(key), i)))
         if _gpu_indexes(entry.get('gpus', [])):
             node = entry.get('node')
-            node_gpus = nodes.get(node)
+            node_gpus = nodes.get(node) if isinstance(node, str) else None
             for g in gpu_list(entry, node_gpus) if node_gpus is not None else []:
                 if g not in node_gpus:
                     problems.append(('gpus', 'node {0} has no GPU {1} (it has {2})'.format(

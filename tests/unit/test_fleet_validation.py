@@ -84,3 +84,12 @@ def test_passthrough_is_checked_for_containers_with_gpus_or_devices(pve, passthr
     got = _fleet.errors(fleet, NODES, pve, is_root_password, False, passthrough)
     assert got == ([] if problem is None else ['containers[0] (vmid 200).gpus: ' + problem,
                                                'containers[1] (vmid 201).gpus: ' + problem])
+
+
+def test_a_node_that_is_not_a_name_is_a_problem_not_a_crash():
+    nodes = {'pve1': [0, 1]}
+    for node in (['pve1'], {'name': 'pve1'}):
+        problems = _fleet.errors([{'vmid': 200, 'hostname': 'a', 'node': node, 'gpus': [0]}], nodes)
+        assert problems == ['containers[0] (vmid 200).node: must be the name of a node, got {0!r}'.format(node)]
+    assert _fleet.errors([{'vmid': 200, 'hostname': 'a', 'node': [], 'gpus': [0]}], nodes) == [
+        'containers[0] (vmid 200).node: required']
