@@ -178,7 +178,8 @@ class Connection(ConnectionBase):
         """Turn the node's or pct's own failures into connection errors that say what is wrong."""
         text = to_text(err, errors='surrogate_or_strict')
         vmid = self._vmid()
-        if 'not running' in text and 'CT {0}'.format(vmid) in text:
+        # pve-container src/PVE/CLI/pct.pm exec: die "container '$vmid' not running!"
+        if "container '{0}' not running!".format(vmid) in text:
             raise AnsibleConnectionFailure('CT {0} on {1} is not running: start it first'.format(vmid, self._where()))
         if "lxc/{0}.conf' does not exist".format(vmid) in text:
             raise AnsibleConnectionFailure('there is no CT {0} on {1}'.format(vmid, self._where()))

@@ -255,7 +255,9 @@ def share_findings(shares):
 
 
 LOADER_CONF = '/etc/ld.so.conf.d/000-gpufleet-nvidia.conf'
-SMI_LINK = '/usr/local/bin/nvidia-smi'
+# /usr/bin, where NVIDIA's container toolkit puts it too: `pct exec` runs commands with PATH=/sbin:/bin:/usr/sbin:/usr/bin
+# (pve-common src/PVE/CLIHandler.pm), so a link in /usr/local/bin would not be found by `pct exec CT -- nvidia-smi`
+SMI_LINK = '/usr/bin/nvidia-smi'
 LIBCUDA_RE = re.compile(r'^\s*libcuda\.so\.1 \(([^)]*)\) => (\S+)$')
 
 

@@ -10,7 +10,7 @@ version_added: 0.1.0
 description:
   - Runs in a container. In O(mode=bind) it points the loader at the node's driver bundle bound in at O(mount)
     (C(/etc/ld.so.conf.d/000-gpufleet-nvidia.conf) holds C(<mount>/lib), and the loader's cache is refreshed
-    when that changed) and links C(/usr/local/bin/nvidia-smi) to C(<mount>/bin/nvidia-smi).
+    when that changed) and links C(/usr/bin/nvidia-smi) to C(<mount>/bin/nvidia-smi).
   - Then reads which C(libcuda.so.1) the loader resolves and the driver version its file name carries, and
     compares it with O(node_version). With O(require_match=true) a mismatch fails (NVML would answer "Driver/library
     version mismatch"); in check mode it is reported as a change instead. Otherwise the caller decides.

@@ -17,8 +17,9 @@ OPEN = ('import errno, os, sys\n'
         '        print(p, errno.errorcode[e.errno])\n')
 
 
-def pct(node_ssh, command):
-    return node_ssh('pct ' + command)
+def pct(node_ssh, command, env=''):
+    """pct on the lab node over its sshd, as an operator or the collection runs it (env: VAR=value before it)."""
+    return node_ssh('{0} pct {1}'.format(env, command).strip())
 
 
 def opens(node_ssh, vmid, *paths):
@@ -106,9 +107,19 @@ def test_start_fails_when_a_device_is_missing_and_says_why(pve, control):
 def test_pct_exec_push_pull_and_exit_codes(lab, pve, node_ssh, tmp_path):
     pve.create(945)
     stopped = pct(node_ssh, 'exec 945 -- true')
-    assert stopped.returncode == 255 and 'CT 945 not running' in stopped.stderr
+    assert stopped.returncode == 255 and "container '945' not running!" in stopped.stderr
     pve.start(945)
     assert pct(node_ssh, "exec 945 -- sh -c 'exit 7'").returncode == 7
+    # as pve-container's pct.pm exec: the caller's environment kept (--keep-env 1 on PVE 8 and 9) with the CLI
+    # handler's PATH, which has no /usr/local/bin; --keep-env 0 is lxc's cleared one; a dash argument of the
+    # command before `--` is an option, and an unknown one fails the call
+    env = pct(node_ssh, "exec 945 -- sh -c 'echo $PATH; echo ${GPUFLEET_PROBE:-unset}'", env='GPUFLEET_PROBE=kept')
+    assert env.stdout.split() == ['/sbin:/bin:/usr/sbin:/usr/bin', 'kept'], env
+    cleared = pct(node_ssh, "exec 945 --keep-env 0 -- sh -c 'echo ${GPUFLEET_PROBE:-unset}'", env='GPUFLEET_PROBE=kept')
+    assert cleared.stdout.split() == ['unset'], cleared
+    dashed = pct(node_ssh, 'exec 945 ls -la /')
+    assert dashed.returncode == 255 and 'unable to parse option' in dashed.stderr, dashed
+    assert pct(node_ssh, 'exec 945 -- ls -la /').returncode == 0
     listing = pct(node_ssh, 'list').stdout.splitlines()
     assert listing[0].split() == ['VMID', 'Status', 'Lock', 'Name']
     assert ['945', 'running', 'ct945'] in [line.split() for line in listing[1:]]

@@ -3,7 +3,7 @@
     pct list
     pct status <vmid>
     pct config <vmid> [--current]
-    pct exec <vmid> [--] <command> [args...]
+    pct exec <vmid> [--keep-env 0|1] [--] <command> [args...]
     pct push <vmid> <file> <destination> [--user U] [--group G] [--perms MODE]
     pct pull <vmid> <path> <destination> [--user U] [--group G] [--perms MODE]
     pct start|stop|shutdown|reboot <vmid>
@@ -49,15 +49,27 @@ def vmid_arg(text):
     return int(text)
 
 
-def attach(lab, vmid, argv, **kwargs):
+# What PVE's CLI handler sets before any command runs (pve-common src/PVE/CLIHandler.pm, run_cli_handler).
+CLI_PATH = '/sbin:/bin:/usr/sbin:/usr/bin'
+
+
+def attach(lab, vmid, argv, keep_env=False, **kwargs):
+    """argv in the container through lxc-attach. keep_env: as `pct exec` does by default (pve-container
+    src/PVE/CLI/pct.pm, exec: `--keep-env` defaults to 1 on PVE 8 and 9), the caller's environment with PCT's PATH
+    and without SSL_CERT_FILE/SSL_CERT_DIR (clean_environment); else lxc's cleared one (with lxc's own PATH)."""
+    if keep_env:
+        env = dict((k, v) for k, v in os.environ.items() if k not in ('SSL_CERT_FILE', 'SSL_CERT_DIR'))
+        env['PATH'] = CLI_PATH
+        return subprocess.run(['lxc-attach', '-P', lab.lxcpath, '-n', str(vmid), '--keep-env', '--'] + list(argv),
+                              env=env, **kwargs)
     return subprocess.run(['lxc-attach', '-P', lab.lxcpath, '-n', str(vmid), '--clear-env', '--keep-var', 'TERM',
                            '--'] + list(argv), **kwargs)
 
 
-def need_running(lab, vmid):
+def need_running(lab, vmid, message):
     conf(lab, vmid)
     if Containers(lab).state(vmid) != 'running':
-        raise PctError('CT {0} not running'.format(vmid))
+        raise PctError(message.format(vmid))
 
 
 def options(args, names):
@@ -125,14 +137,35 @@ def cmd_config(lab, args):
 
 
 def cmd_exec(lab, args):
+    """As pve-container src/PVE/CLI/pct.pm exec: the options are parsed first (Getopt: a dash argument of the
+    command before `--` is an option, and an unknown one fails the call), then the config must exist, the container
+    must run (`container '200' not running!`), and a command must be given."""
     vmid = vmid_arg(args[0])
-    argv = args[1:]
-    if argv and argv[0] == '--':
-        argv = argv[1:]
+    rest, keep_env, argv = list(args[1:]), True, None
+    while rest:
+        arg = rest.pop(0)
+        if arg == '--':
+            argv = rest
+            break
+        if arg in ('--keep-env', '-keep-env'):
+            value = rest.pop(0) if rest else ''
+            if value not in ('0', '1'):
+                raise PctError("400 Parameter verification failed.\nkeep-env: type check ('boolean') failed - got "
+                               "'{0}'".format(value))
+            keep_env = value == '1'
+        elif arg.startswith('-'):
+            raise PctError('Unknown option: {0}\n400 unable to parse option'.format(arg.lstrip('-')))
+        else:
+            argv = [arg] + rest
+            bad = [a for a in rest if a.startswith('-')]
+            if bad:
+                raise PctError('Unknown option: {0}\n400 unable to parse option'.format(bad[0].lstrip('-')))
+            break
+    need_running(lab, vmid, "container '{0}' not running!")
     if not argv:
+        # PVE dies without a newline here, so Perl adds " at .../PVE/CLI/pct.pm line N." (N varies by release)
         raise PctError('missing command')
-    need_running(lab, vmid)
-    return attach(lab, vmid, argv).returncode
+    return attach(lab, vmid, argv, keep_env=keep_env).returncode
 
 
 def cmd_push(lab, args):
@@ -140,7 +173,7 @@ def cmd_push(lab, args):
     if len(pos) != 3:
         raise PctError('usage: pct push <vmid> <file> <destination> [--user U] [--group G] [--perms MODE]')
     vmid, src, dest = vmid_arg(pos[0]), pos[1], pos[2]
-    need_running(lab, vmid)
+    need_running(lab, vmid, 'can only push files to a running CT')  # pct.pm push
     try:
         fh = open(src, 'rb')
     except OSError as e:
@@ -159,7 +192,7 @@ def cmd_pull(lab, args):
     if len(pos) != 3:
         raise PctError('usage: pct pull <vmid> <path> <destination> [--user U] [--group G] [--perms MODE]')
     vmid, src, dest = vmid_arg(pos[0]), pos[1], pos[2]
-    need_running(lab, vmid)
+    need_running(lab, vmid, 'can only pull files from a running VM')  # pct.pm pull (Perl adds its line there)
     if os.path.isdir(dest):
         dest = os.path.join(dest, os.path.basename(src))
     tmp = '{0}.pct-pull.{1}'.format(dest, os.getpid())
