@@ -11,43 +11,35 @@ from ansible.errors import AnsibleActionFail
 
 from ansible_collections.gpufleet.proxmox.plugins.modules.fleet_report import ARGUMENT_SPEC
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _drift, _reports, _verdict
-from ansible_collections.gpufleet.proxmox.plugins.plugin_utils._action import ControllerAction, host_var
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils._action import ControllerAction, host_fact, host_var
 
 
 class Run(object):
-    """What one run left in the inventory, as the report needs it."""
+    """What one run left in the inventory, as the report needs it, each host variable read once: the fleet as the
+    first node that read it saw it (with --limit, maybe not the first node), and each container's verify report."""
 
     def __init__(self, hostvars, groups, nodes_group, containers_group):
         self.hostvars = hostvars
         self.nodes = list(groups.get(nodes_group) or [])
         self.containers = list(groups.get(containers_group) or [])
+        reconciles = ((n, self.var(n, 'gpu_container_result')) for n in self.nodes)
+        reader, self.reconcile = next(((n, r) for n, r in reconciles if r is not None), (None, {}))
+        self.definition = (self.var(reader, 'gpufleet_containers') or []) if reader else []
+        self.verify_reports = dict((h, host_fact(hostvars, h, 'verify_report')) for h in self.containers)
 
     def var(self, host, name, default=None):
         return host_var(self.hostvars, host, name, default)
 
-    def reader(self):
-        """The first node that read the fleet in this run (with --limit, maybe not the first node)."""
-        return next((n for n in self.nodes if self.var(n, 'gpu_container_result') is not None), None)
-
-    def definition(self):
-        reader = self.reader()
-        return (self.var(reader, 'gpufleet_containers') or []) if reader else []
-
-    def reconcile(self):
-        reader = self.reader()
-        return (self.var(reader, 'gpu_container_result') or {}) if reader else {}
-
     def reports(self, run_id):
         """The verify reports of this run (with run_id, only those stamped with it)."""
-        found = [(self.var(h, 'ansible_facts') or {}).get('verify_report') for h in self.containers]
-        return [r for r in found if r and (run_id is None or r.get('run') == run_id)]
+        return [r for r in self.verify_reports.values() if r and (run_id is None or r.get('run') == run_id)]
 
     def devices(self):
         return dict((n, self.var(n, 'gpufleet_gpu_devices') or {}) for n in self.nodes)
 
     def running(self):
         return dict((h, {'driver': self.var(h, 'gpu_container_driver'), 'build': self.var(h, 'torch_venv_build'),
-                         'report': (self.var(h, 'ansible_facts') or {}).get('verify_report')})
+                         'report': self.verify_reports[h]})
                     for h in self.containers)
 
 
@@ -65,7 +57,7 @@ class ActionModule(ControllerAction):
             if args['verdict']:
                 run = args['run'] or {}
                 reports = seen.reports(run.get('id'))
-                verdict = _verdict.fleet(reports, seen.definition(), seen.reconcile(), run, check_mode)
+                verdict = _verdict.fleet(reports, seen.definition, seen.reconcile, run, check_mode)
                 judged = set(row['host'] for row in verdict['containers'] if row['state'] in ('verified', 'failed'))
                 files = dict((r['host'], r) for r in reports if r.get('host') in judged)
                 files['summary'] = verdict
@@ -74,7 +66,7 @@ class ActionModule(ControllerAction):
                 removed += done[1]
                 out['fleet'] = verdict
             if args['drift']:
-                drift = _drift.fleet(seen.devices(), seen.reconcile(), seen.definition(), seen.running(), verdict,
+                drift = _drift.fleet(seen.devices(), seen.reconcile, seen.definition, seen.running(), verdict,
                                      check_mode)
                 done = _reports.write_all(os.path.join(args['dir'], 'drift'), _drift.reports(drift), prune_others=True)
                 written += done[0]

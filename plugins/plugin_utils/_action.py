@@ -27,6 +27,15 @@ def host_var(hostvars, host, name, default=None):
     return default if value is None else plain(value)
 
 
+def host_fact(hostvars, host, name, default=None):
+    """One of a host's facts (ansible_facts[name]) as plain data, without copying the host's other facts."""
+    try:
+        value = (hostvars[host].get('ansible_facts') or {}).get(name)
+    except KeyError:
+        return default
+    return default if value is None else plain(value)
+
+
 class ControllerAction(ActionBase):
     """An action that runs in the controller's process and needs no connection: subclasses set ARGUMENT_SPEC (the
     module file's) and act(args, task_vars), which returns what goes into the result."""

@@ -80,7 +80,8 @@ def test_every_problem_is_named_before_any_request(play):
 
 def test_the_version_is_read_only_where_the_mode_depends_on_it(play):
     # no GPUs, or an explicit mode, or a teardown: no request at all (the API here is unreachable)
-    assert planned(play, [entry(990)], api=AWAY)['passthrough'] == 'devn'
+    res = planned(play, [entry(990)], api=AWAY)
+    assert not res.get('failed') and res['passthrough'] == 'devn', res.get('msg')
     res = planned(play, [entry(990, gpus=[0])], api=AWAY, passthrough='raw')
     assert not res.get('failed') and res['passthrough'] == 'raw' and res['pve_version'] is None
     res = planned(play, [entry(990, gpus=[0])], api=AWAY, override={'state': 'absent', 'force': True})
