@@ -5,6 +5,7 @@ import subprocess
 
 import pytest
 from gpufleet.lab import host, manager
+from proxmoxer.core import ResourceException
 from gpufleet.lab.containers import Containers
 
 pytestmark = pytest.mark.lab
@@ -96,12 +97,77 @@ def test_raw_lxc_entries_and_the_cgroup_rule(lab, pve, node_ssh):
     assert opens(node_ssh, 943, '/dev/nvidia5') == {'/dev/nvidia5': 'ENXIO'}
 
 
-def test_start_fails_when_a_device_is_missing_and_says_why(pve, control):
-    pve.create(944, dev0='path=/dev/nvidia-caps/nvidia-cap9')
+def as_nobody(node_ssh, vmid, *paths):
+    """What opening each path gives to an unprivileged user of the container (nobody)."""
+    r = node_ssh("pct exec {0} -- setpriv --reuid=65534 --regid=65534 --clear-groups python3 -c '{1}' {2}".format(
+        vmid, OPEN, ' '.join(paths)))
+    assert r.returncode == 0, r.stderr
+    return dict(line.split() for line in r.stdout.splitlines())
+
+
+def modes(node_ssh, vmid, *paths):
+    r = node_ssh("pct exec {0} -- stat -c '%n %a %u %g' {1}".format(vmid, ' '.join(paths)))
+    assert r.returncode == 0, r.stderr
+    return dict((line.split()[0], ' '.join(line.split()[1:])) for line in r.stdout.splitlines())
+
+
+def test_devn_nodes_are_0660_root_unless_the_entry_says(pve, node_ssh):
+    # PVE's defaults (LXC.pm create_passthrough_device_node), not the node's own 0666: at start and hot-plugged
+    pve.create(946, dev0='/dev/nvidia0', dev1='path=/dev/nvidia1,mode=0666', dev2='path=/dev/nvidiactl,gid=44')
+    pve.start(946)
+    pve.ct(946).config.put(dev3='/dev/nvidia2')
+    assert modes(node_ssh, 946, '/dev/nvidia0', '/dev/nvidia1', '/dev/nvidiactl', '/dev/nvidia2') == {
+        '/dev/nvidia0': '660 0 0', '/dev/nvidia1': '666 0 0', '/dev/nvidiactl': '660 0 44', '/dev/nvidia2': '660 0 0'}
+    assert opens(node_ssh, 946, '/dev/nvidia0', '/dev/nvidia2') == {'/dev/nvidia0': 'ENXIO', '/dev/nvidia2': 'ENXIO'}
+    assert as_nobody(node_ssh, 946, '/dev/nvidia0', '/dev/nvidia1', '/dev/nvidia2') == {
+        '/dev/nvidia0': 'EACCES', '/dev/nvidia1': 'ENXIO', '/dev/nvidia2': 'EACCES'}
+
+
+def test_a_missing_device_is_refused_at_create_and_change_and_fails_the_start(pve, control, node_ssh):
+    # Config.pm update_pct_config validates every devN (Tools.pm get_device_mode_and_rdev) before anything is
+    # written: the create is refused before its task, the change under the lock; the start checks again.
+    with pytest.raises(ResourceException) as err:
+        pve.create(944, dev0='path=/dev/nvidia-caps/nvidia-cap9')
+    assert err.value.status_code == 500 and 'Device /dev/nvidia-caps/nvidia-cap9 does not exist' in str(err.value)
+    assert 944 not in [c['vmid'] for c in control.state()]
+    pve.create(944)
+    with pytest.raises(ResourceException) as err:
+        pve.ct(944).config.put(dev0='/dev/nvidia-caps/nvidia-cap9', cores=3)
+    assert 'Device /dev/nvidia-caps/nvidia-cap9 does not exist' in str(err.value)
+    config = pve.ct(944).config.get()
+    assert 'dev0' not in config and config.get('cores') != 3
+    assert not [p for p in pve.ct(944).pending.get() if 'pending' in p or p.get('delete')]
+    assert node_ssh('mknod -m 0666 /dev/gpufleet-lab-gone c 1 3').returncode == 0
+    try:
+        pve.ct(944).config.put(dev0='/dev/gpufleet-lab-gone')
+    finally:
+        node_ssh('rm -f /dev/gpufleet-lab-gone')
     st, log = pve.wait(pve.ct(944).status.start.post())
-    assert 'Device /dev/nvidia-caps/nvidia-cap9 does not exist' in st['exitstatus']
+    assert 'Device /dev/gpufleet-lab-gone does not exist' in st['exitstatus']
     assert log[-1].startswith('TASK ERROR')
     assert agree(control, 944) == ('stopped', 'stopped')
+
+
+def test_devn_hotplug_follows_the_pve_version(pve, control, node_ssh):
+    pve.create(947)
+    pve.start(947)
+    control.set_version('8.4.1')
+    try:
+        # PVE 8 (pve-container 5.x): no devN hotplug, the new device waits in pending
+        pve.ct(947).config.put(dev0='/dev/nvidia3')
+        pending = {p['key']: p for p in pve.ct(947).pending.get()}
+        assert pending['dev0'].get('pending') == '/dev/nvidia3' and 'value' not in pending['dev0']
+        assert opens(node_ssh, 947, '/dev/nvidia3') == {'/dev/nvidia3': 'ENOENT'}
+    finally:
+        control.set_version('9.0.10')
+    # PVE 9 (6.0.4 and later): a new devN key is hot-plugged
+    pve.ct(947).config.put(dev1='/dev/nvidia4')
+    pending = {p['key']: p for p in pve.ct(947).pending.get()}
+    assert pending['dev1'].get('value') == '/dev/nvidia4' and 'pending' not in pending['dev1']
+    assert opens(node_ssh, 947, '/dev/nvidia3', '/dev/nvidia4') == {'/dev/nvidia3': 'ENOENT', '/dev/nvidia4': 'ENXIO'}
+    pve.stop(947)
+    pve.start(947)  # the restart takes the pending one
+    assert opens(node_ssh, 947, '/dev/nvidia3') == {'/dev/nvidia3': 'ENXIO'}
 
 
 def test_pct_exec_push_pull_and_exit_codes(lab, pve, node_ssh, tmp_path):

@@ -184,7 +184,7 @@ class Containers:
                     self._lxc('attach', vmid, '--clear-env', '--', 'sh', '-c',
                               'echo "$1" > /etc/hostname && hostname "$1"', 'sh', name)
                 elif key in ('description', 'tags', 'onboot', 'startup', 'protection', 'swap', 'cpulimit',
-                             'cpuunits', 'nameserver', 'searchdomain', 'lock', 'digest', 'lxc'):
+                             'cpuunits', 'lock', 'digest', 'lxc'):
                     pass
                 else:
                     refused.append(key)

@@ -18,14 +18,15 @@ levers: the request log, failure injection and config locks.
 import asyncio
 import json
 import os
+import re
 import signal
 import sys
 
 from aiohttp import web
-from fakepve.model import TaskError
+from fakepve.model import PveError, TaskError
 from fakepve.server import FakePve
 
-from . import pveconf
+from . import lxcconf, pveconf
 from .containers import BackendError, Containers
 from .layout import TEMPLATE, Lab, write_json
 
@@ -172,13 +173,40 @@ class LabPve(FakePve):
             self.absorb_raw(ct)
         return await super()._lxc_config_get(user, v)
 
+    def check_devices(self, values):
+        """A devN whose path is not a device of this node is refused before anything is written, at create and at
+        a config change: pve-container src/PVE/LXC/Config.pm update_pct_config ("Validate device"), which
+        API2/LXC.pm's create calls before the task and API2/LXC/Config.pm's PUT under the config lock; the die
+        is the API's 500."""
+        for key, value in values.items():
+            if re.fullmatch(r'dev\d+', key):
+                try:
+                    lxcconf.device_node(lxcconf.split_props(value, 'path'), self.lab.dev_dir)
+                except lxcconf.ConfigError as e:
+                    raise PveError(500, str(e)) from None
+
+    def hotplugs_devices(self):
+        """Whether this PVE hot-plugs a new devN into a running container: pve-container 6.0.4 (PVE 9) does
+        (commit c702167, "implement device hotplug"); 5.x (PVE 8, branch stable-bookworm) has no devN branch in
+        LXC/Config.pm vmconfig_hotplug_pending, so every devN change of a running container stays pending."""
+        return int(str(self.version).split('.')[0]) >= 9
+
+    async def _lxc_create(self, user, v):
+        self.check_devices(v)
+        return await super()._lxc_create(user, v)
+
     async def _lxc_config_put(self, user, v):
         ct = self.ct(int(v['vmid']))
         if ct is not None:
             self.absorb_raw(ct)
+        self.check_devices(v)
+        before = set(ct.config) if ct is not None else set()
         result = await super()._lxc_config_put(user, v)
         ct = self.ct(int(v['vmid']))
         if ct is not None and ct.status == 'running':
+            if not self.hotplugs_devices():
+                for key in [k for k in ct.config if re.fullmatch(r'dev\d+', k) and k not in before]:
+                    ct.pending[key] = ct.config.pop(key)
             await self._sync(ct.vmid)
         else:
             self.save()

@@ -64,8 +64,16 @@ def devices(config):
     return [(key, props) for _, key, props in sorted(found)]
 
 
+# What a devN node is inside the container where its entry gives no mode, uid or gid: 0660 root:root, whatever
+# the node's own node is (pve-container src/PVE/LXC.pm create_passthrough_device_node: $passthrough_mode = 0660,
+# $uid = $gid = 0), at start and when hot-plugged alike.
+DEVN_MODE = 0o660
+
+
 def device_node(props, dev_dir='/dev'):
-    """(char|block, major, minor, mode) of the host node behind a devN entry, or ConfigError."""
+    """(char|block, major, minor, mode in the container) of the host node behind a devN entry, or ConfigError
+    with PVE's words: pve-container src/PVE/LXC/Tools.pm get_device_mode_and_rdev ("Device $path does not
+    exist", "$path is not a device"), which the config change, the create and the start all call."""
     path = props['path']
     if not path.startswith('/dev/'):
         raise ConfigError("device path '{0}' is not under /dev".format(path))
@@ -79,8 +87,8 @@ def device_node(props, dev_dir='/dev'):
     elif stat.S_ISBLK(st.st_mode):
         kind = 'b'
     else:
-        raise ConfigError('Path {0} is not a device'.format(path))
-    mode = int(props['mode'], 8) if props.get('mode') else stat.S_IMODE(st.st_mode)
+        raise ConfigError('{0} is not a device'.format(path))
+    mode = int(props['mode'], 8) if props.get('mode') else DEVN_MODE
     return kind, os.major(st.st_rdev), os.minor(st.st_rdev), mode
 
 
