@@ -44,7 +44,7 @@ class ActionModule(ControllerAction):
         seen = nodes_seen(task_vars.get('hostvars') or {}, task_vars.get('ansible_play_hosts_all') or [])
         fleet = _fleet.Fleet(args['containers'], seen, defaults=args['defaults'], passthrough=args['passthrough'],
                              gpu_sharing=args['gpu_sharing'], driver_mount=args['driver_mount'],
-                             override=args['override'])
+                             override=args['override'], gpu_mode=args['gpu_mode'], gpu_gid=args['gpu_gid'])
         # what a role leaves out of the connection options (omit) is not an option
         api = dict((k, v) for k, v in args['api'].items()
                    if not (isinstance(v, str) and v.startswith('__omit_place_holder__')))

@@ -34,7 +34,7 @@ class ActionModule(ActionBase):
             'container_changed': args['container_changed'], 'venv': args['venv'],
             'check_mode': self._play_context.check_mode,
             'settings': dict((k, args[k]) for k in ('expect', 'require_cuda', 'smoke', 'min_tflops', 'compile_check',
-                                                    'compile_backend', 'audit_mode', 'max_age'))})
+                                                    'compile_backend', 'audit_mode', 'max_age', 'user'))})
         audit, probe = now['audit'], now['result']
         if not now['reuse']:
             if not now['audited']:
@@ -46,6 +46,7 @@ class ActionModule(ActionBase):
                 venv=args['venv'], require_cuda=now['cuda'], smoke=args['smoke'],
                 min_tflops=args['min_tflops'] or None, compile_check=args['compile_check'],
                 compile_backend=args['compile_backend'], timeout=args['timeout'],
+                user=args['user'] if args['gpus'] and args['user'] else None,
                 # the record is written where torch_venv ran, so that a drift run can find it
                 record_fingerprint=now['fingerprint'] if 'id' in built else None,
                 **dict(('expect_' + k, v) for k, v in expect.items() if v not in (None, ''))), task_vars)

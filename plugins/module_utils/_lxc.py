@@ -377,11 +377,29 @@ class Reconciler(object):
         self.check_mode = check_mode
         self.lock_timeout = lock_timeout
         self._guests = None
+        self._hot_devices = None
 
     def guests(self):
         if self._guests is None:
             self._guests = self.client.guests()
         return self._guests
+
+    def hot_devices(self):
+        """Whether this cluster hot-plugs a new devN into a running container, read once and only when a plan needs
+        it: pve-container 6.0.4 (PVE 9) does; 5.x (PVE 8) keeps every devN change pending until a restart."""
+        if self._hot_devices is None:
+            self._hot_devices = pve_major(self.client.version().get('version')) >= 9
+        return self._hot_devices
+
+    def hot(self, key, sets, current):
+        """Whether PVE applies this change to the running container at once (else it waits in pending): the keys it
+        applies live, and a devN or mpN key that is new (an existing one is never hot-plugged over)."""
+        if key in HOT_KEYS:
+            return True
+        if key not in sets or key in current:
+            return False
+        family = key_family(key)
+        return family == 'mp' or family == 'dev' and self.hot_devices()
 
     # -- phase 1: read and compare ------------------------------------------------------
     def plan(self, spec):
@@ -434,8 +452,7 @@ class Reconciler(object):
         res['changed'] = bool(res['changed_keys'])
         if status == 'running':
             # What PVE will not apply live waits for a restart (known for sure after the change).
-            res['pending'] = sorted(set(pending_now) | set(k for k in res['changed_keys'] if k not in HOT_KEYS and not (
-                key_family(k) in ('dev', 'mp') and k in sets and k not in current)))
+            res['pending'] = sorted(set(pending_now) | set(k for k in res['changed_keys'] if not self.hot(k, sets, current)))
             res['restart_required'] = bool(res['pending'])
         self._plan_power(plan)
         return plan
@@ -644,9 +661,16 @@ class Reconciler(object):
         return res
 
 
-# What PVE applies to a running container without a restart (used to predict in check mode).
+# What PVE applies to a running container without a restart (used to predict in check mode): pve-container
+# src/PVE/LXC/Config.pm $LXC_FASTPLUG_OPTIONS and the keys vmconfig_hotplug_pending applies (memory, swap, cpulimit,
+# cpuunits). nameserver and searchdomain are neither: they wait in pending.
 HOT_KEYS = ('cores', 'memory', 'swap', 'cpulimit', 'cpuunits', 'description', 'onboot', 'tags', 'hostname',
-            'protection', 'startup', 'nameserver', 'searchdomain')
+            'protection', 'startup')
+
+
+def pve_major(version):
+    m = re.match(r'^(\d+)', str(version or ''))
+    return int(m.group(1)) if m else 0
 
 
 def reconcile_all(client, specs, check_mode, lock_timeout=60):

@@ -14,7 +14,9 @@ Numbers: the NVIDIA frontend is character major 195; /dev/nvidiaN is minor N, nv
 
 
 import errno
+import json
 import os
+import pwd
 import re
 import stat
 
@@ -84,6 +86,33 @@ def probe_open(path):
         return errno.errorcode.get(e.errno, str(e.errno))
     os.close(fd)
     return 'ok'
+
+
+def probe_open_as(paths, user):
+    """{path: probe_open(path)} as a user of this system (a name or a uid), in a child process that takes that
+    user's uid, gid and groups: what a training job run by that user gets. KeyError where there is no such user."""
+    entry = pwd.getpwuid(int(user)) if str(user).isdigit() else pwd.getpwnam(str(user))
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop to the user, open each node, say what happened, and leave
+        code = 1
+        try:
+            os.close(read)
+            os.initgroups(entry.pw_name, entry.pw_gid)
+            os.setgid(entry.pw_gid)
+            os.setuid(entry.pw_uid)
+            with os.fdopen(write, 'w') as fh:
+                json.dump(dict((p, probe_open(p)) for p in paths), fh)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as fh:
+        text = fh.read()
+    os.waitpid(pid, 0)
+    if not text:
+        raise OSError('could not take the identity of user {0}'.format(user))
+    return json.loads(text)
 
 
 def gpu_indexes(dev_dir='/dev'):

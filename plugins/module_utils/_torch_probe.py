@@ -13,6 +13,7 @@ import glob
 import json
 import os
 import re
+import stat
 import subprocess
 import time
 
@@ -145,12 +146,40 @@ def _tail(text, lines=15):
     return '\n'.join((text or '').strip().splitlines()[-lines:])
 
 
+def device_paths(dev_dir='/dev'):
+    """The /dev/nvidia* nodes here (not the nvidia-caps directory)."""
+    return [p for p in sorted(glob.glob(os.path.join(dev_dir, 'nvidia*'))) if not os.path.isdir(p)]
+
+
+def device_access(dev_dir, user):
+    """Whether a user of the container may open its NVIDIA nodes: real PVE makes a devN node 0660 root:root where
+    the entry gives no mode (LXC.pm), so root passes where a training job's user gets EACCES.
+    ({user, nodes: {path: result}}, [failures])."""
+    paths = device_paths(dev_dir)
+    try:
+        nodes = _nvidia_devices.probe_open_as(paths, user) if paths else {}
+    except KeyError:
+        return {'user': user, 'nodes': {}}, [{'check': 'device_access', 'expected': 'a user {0} in the container'.format(
+            user), 'actual': 'no such user'}]
+    failures = []
+    for path, result in sorted(nodes.items()):
+        if result in ('EACCES', 'EPERM'):
+            try:
+                st = os.stat(path)
+                seen = '{0} ({1:04o}, uid {2}, gid {3})'.format(result, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+            except OSError:
+                seen = result
+            failures.append({'check': 'device_access', 'expected': '{0} can open {1}'.format(user, path),
+                             'actual': seen, 'why': ERRNO_WHY.get(result, result) + (
+                                 '; give the fleet a gpu_mode (0666) or a gpu_gid the user is in' if result == 'EACCES'
+                                 else '')})
+    return {'user': user, 'nodes': nodes}, failures
+
+
 def diagnose_devices(dev_dir='/dev', expect_count=None, expect_driver=None, driver=None):
     """Which /dev/nvidia* exist here, what opening each gives and why, and what is missing."""
     nodes = []
-    for path in sorted(glob.glob(os.path.join(dev_dir, 'nvidia*'))):
-        if os.path.isdir(path):
-            continue
+    for path in device_paths(dev_dir):
         result = _nvidia_devices.probe_open(path)
         item = {'path': path, 'open': result}
         if result in ERRNO_WHY:
@@ -246,6 +275,9 @@ def verify(venv, params, dev_dir='/dev'):
             failures.append({'check': 'matmul', 'expected': 'a device to run on', 'actual': 'none'})
         if params.get('compile_check') and not probe.get('compile_ok'):
             failures.append({'check': 'compile', 'expected': 'torch.compile works', 'actual': probe.get('compile_error')})
+    if params.get('user') not in (None, ''):
+        result['device_access'], denied = device_access(dev_dir, params['user'])
+        failures.extend(denied)
     short = (params.get('require_cuda') and not probe.get('cuda_available')) or (
         params.get('expect_device_count') is not None and (probe.get('device_count') or 0) < params['expect_device_count'])
     driver_off = params.get('expect_driver_version') and probe.get('driver_version') != params['expect_driver_version']

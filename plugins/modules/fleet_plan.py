@@ -46,6 +46,18 @@ options:
     description: Whether a GPU may be given to more than one container.
     type: bool
     default: false
+  gpu_mode:
+    description:
+      - The mode of the GPUs' device nodes in every container whose entry gives no C(gpu_mode) (devN passthrough;
+        raw passthrough binds the node's own nodes in, with the node's modes).
+      - PVE makes them V(0660) root:root where the devN entry gives none, so only root could use the GPUs; the
+        default V(0666) lets every user of the container open them, as NVIDIA's driver does on the node.
+    type: str
+    default: '0666'
+  gpu_gid:
+    description: The group (a gid of the container) of the GPUs' device nodes where an entry gives no C(gpu_gid);
+      with O(gpu_mode=0660), only that group's members (and root) may use the GPUs.
+    type: int
   driver_mount:
     description: Where each node's driver bundle is bound into its GPU containers, read-only (empty for none).
     type: str
@@ -127,6 +139,8 @@ ARGUMENT_SPEC = {
     'passthrough': {'type': 'str', 'choices': ['auto', 'devn', 'raw'], 'default': 'auto'},
     'gpu_sharing': {'type': 'bool', 'default': False},
     'driver_mount': {'type': 'str', 'default': ''},
+    'gpu_mode': {'type': 'str', 'default': '0666'},
+    'gpu_gid': {'type': 'int'},
     'override': {'type': 'dict', 'default': {}},
     'api': {'type': 'dict', 'default': {}, 'no_log': True},
 }

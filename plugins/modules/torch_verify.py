@@ -78,6 +78,13 @@ options:
     description: Seconds the probe may take.
     type: int
     default: 300
+  user:
+    description:
+      - A user of the container (a name or a uid) who must be able to open every C(/dev/nvidia*) node, as a training
+        job run by that user must; each node it cannot open (EACCES, EPERM) is a failure C(device_access).
+      - PVE makes a passed-through node C(0660) root:root unless its devN entry says otherwise, so a check run as
+        root alone passes where every other user gets EACCES.
+    type: str
   record_fingerprint:
     description:
       - The caller's fingerprint of everything this verification depends on (the venv, the driver, the devices,
@@ -147,6 +154,10 @@ failures:
   returned: always
   type: list
   elements: dict
+device_access:
+  description: With O(user), that user and what opening each C(/dev/nvidia*) node gave it (nodes, by path).
+  returned: when O(user) is given
+  type: dict
 diagnosis:
   description: Device nodes and what opening each gives (open, why), missing nodes, and notes in words.
   returned: when CUDA is unavailable, devices are short or the driver differs
@@ -173,7 +184,7 @@ def main():
         smoke=dict(type='str', choices=['none', 'matmul'], default='none'), min_tflops=dict(type='float'),
         compile_check=dict(type='bool', default=False), compile_backend=dict(type='str', default='inductor'),
         dev_dir=dict(type='path', default='/dev'), timeout=dict(type='int', default=300),
-        record_fingerprint=dict(type='str')),
+        record_fingerprint=dict(type='str'), user=dict(type='str')),
         supports_check_mode=True)
     result = _torch_probe.verify(module.params['venv'], module.params, module.params['dev_dir'])
     if result['failures']:

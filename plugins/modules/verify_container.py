@@ -79,6 +79,12 @@ options:
     description: The backend of the compile check.
     type: str
     default: inductor
+  user:
+    description:
+      - A user of the container who must be able to open its GPUs' device nodes (M(gpufleet.proxmox.torch_verify)'s
+        O(gpufleet.proxmox.torch_verify#module:user)); empty for none.
+    type: str
+    default: nobody
   audit_mode:
     description: M(gpufleet.proxmox.venv_audit)'s mode.
     type: str
@@ -189,6 +195,7 @@ ARGUMENT_SPEC = {
     'min_tflops': {'type': 'float', 'default': 0},
     'compile_check': {'type': 'bool', 'default': False},
     'compile_backend': {'type': 'str', 'default': 'inductor'},
+    'user': {'type': 'str', 'default': 'nobody'},
     'audit_mode': {'type': 'str', 'choices': ['fast', 'full'], 'default': 'fast'},
     'max_age': {'type': 'int', 'default': 0},
     'timeout': {'type': 'int', 'default': 300},

@@ -16,11 +16,15 @@ from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_de
 # Device nodes every GPU container gets besides its /dev/nvidiaN.
 ENTRY_KEYS = ('vmid', 'hostname', 'node', 'gpus', 'cores', 'memory', 'swap', 'rootfs', 'net', 'template',
               'storage', 'unprivileged', 'features', 'tags', 'description', 'onboot', 'mounts', 'devices',
-              'state', 'venv_profile', 'nameserver', 'searchdomain')
+              'state', 'venv_profile', 'nameserver', 'searchdomain', 'gpu_mode', 'gpu_gid')
 # Checked against PVE's schema here (the rest after the expansion, by lxc_container's own check).
 INT_KEYS = ('cores', 'memory', 'swap')
 # devN arrived in pve-container 5.0.7, shipped with PVE 8.1.
 DEVN_SINCE = (8, 1)
+# Who may open a container's GPU nodes by default: every user, as NVIDIA's driver makes them on the node. PVE itself
+# makes a devN node 0660 root:root where the entry gives no mode (pve-container src/PVE/LXC.pm
+# create_passthrough_device_node), which leaves a training job run by any other user without its GPUs.
+GPU_MODE = '0666'
 
 
 def pve_version(text):
@@ -110,6 +114,27 @@ def _words(key, value):
     return 'must be a string (space-separated for several), got {0!r}'.format(value)
 
 
+def gpu_mode_problem(value):
+    """What is wrong with a device node mode as PVE's devN schema takes it (an octal string, '0666'), or None."""
+    if isinstance(value, str) and re.match(r'^0?[0-7]{3}$', value):
+        return None
+    return "must be an octal mode as a string, as '0666' or '0660', got {0!r}".format(value)
+
+
+def gpu_gid_problem(value):
+    if value is None or _whole(value) and value >= 0:
+        return None
+    return 'must be a group id of the container (a whole number, 0 or more), got {0!r}'.format(value)
+
+
+def _gpu_mode(key, value):
+    return gpu_mode_problem(value)
+
+
+def _gpu_gid(key, value):
+    return gpu_gid_problem(value)
+
+
 def _net(key, value):
     if value is not None and not isinstance(value, (str, dict)):
         return 'must be a net0 property string or a dict of netN, got {0!r}'.format(value)
@@ -138,7 +163,7 @@ ENTRY_CHECKS = (('vmid', _vmid), ('hostname', _hostname), ('node', _node),
                 ('cores', _whole_number), ('memory', _whole_number), ('swap', _whole_number),
                 ('devices', _devices), ('features', _list), ('tags', _list), ('unprivileged', _bool),
                 ('onboot', _bool), ('nameserver', _words), ('searchdomain', _words), ('net', _net),
-                ('rootfs', _rootfs), ('gpus', _gpus))
+                ('rootfs', _rootfs), ('gpus', _gpus), ('gpu_mode', _gpu_mode), ('gpu_gid', _gpu_gid))
 
 
 def _devn_problem(pve, is_root_password, passthrough):
@@ -212,9 +237,14 @@ def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, pas
     return out
 
 
-def gpu_nodes(entry, node_gpus):
-    """The device nodes a container's GPUs need: its /dev/nvidiaN, then the control nodes (none without GPUs)."""
-    return [{'path': p} for p in _nvidia_devices.passthrough_paths(gpu_list(entry, node_gpus))]
+def gpu_nodes(entry, node_gpus, mode=GPU_MODE, gid=None):
+    """The device nodes a container's GPUs need: its /dev/nvidiaN, then the control nodes (none without GPUs), each
+    with the mode (and group) the container's users open them with: the entry's gpu_mode/gpu_gid over the fleet's."""
+    access = {'mode': entry.get('gpu_mode') or mode}
+    gid = entry.get('gpu_gid', gid)
+    if gid is not None:
+        access['gid'] = gid
+    return [dict(access, path=p) for p in _nvidia_devices.passthrough_paths(gpu_list(entry, node_gpus))]
 
 
 def raw_lines(devices, majors):
@@ -235,7 +265,7 @@ def share_mount(share):
     return '{0},mp={1}{2}'.format(share['path'], share['mp'], ',ro=1' if share.get('read_only') else '')
 
 
-def specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None, shares=None):
+def specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None, shares=None, gpu_mode=GPU_MODE, gpu_gid=None):
     """One lxc_container entry per container: the fleet's values over the role's defaults.
 
     driver_mount: {node: mount string} binding that node's driver bundle into its GPU containers.
@@ -273,7 +303,7 @@ def specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None, shares=
             spec['mounts'] = mounts
         # With raw passthrough the GPUs go in as lxc.* lines (raw()), not as devN.
         extra = list(entry.get('devices') or [])
-        spec['devices'] = extra if passthrough == 'raw' else gpu_nodes(entry, nodes.get(node)) + extra
+        spec['devices'] = extra if passthrough == 'raw' else gpu_nodes(entry, nodes.get(node), gpu_mode, gpu_gid) + extra
         out.append(spec)
     return out
 
@@ -315,16 +345,18 @@ class Fleet(object):
     plain containers lxc_container reconciles (the fleet_plan action).
 
     nodes: {node: {indexes: [GPU indexes] or None where gpu_node did not run, majors: {name: major},
-    driver: the driver bundle's path on the node or '', shares: [{path, mp, read_only}]}}."""
+    driver: the driver bundle's path on the node or '', shares: [{path, mp, read_only}]}}.
+    gpu_mode, gpu_gid: how the GPUs' device nodes are made in every container whose entry does not say (devN)."""
 
     def __init__(self, containers, nodes, defaults=None, passthrough='auto', gpu_sharing=False, driver_mount='',
-                 override=None):
+                 override=None, gpu_mode=GPU_MODE, gpu_gid=None):
         self.containers = containers
         self.nodes = nodes or {}
         self.defaults = defaults or {}
         self.passthrough = passthrough or 'auto'
         self.gpu_sharing = bool(gpu_sharing)
         self.override = override or {}
+        self.gpu_mode, self.gpu_gid = gpu_mode, gpu_gid
         self.gpus = dict((name, node.get('indexes')) for name, node in self.nodes.items())
         self.driver_mounts = dict(
             (name, '{0},mp={1},ro=1'.format(node['driver'], driver_mount)) for name, node in self.nodes.items()
@@ -339,7 +371,9 @@ class Fleet(object):
 
     def check(self, pve=None, is_root_password=True):
         """Raise FleetError naming every problem of the definition (pve: the cluster's version where known)."""
-        problems = errors(self.containers, self.gpus, pve, is_root_password, self.gpu_sharing, self.passthrough)
+        problems = ['{0}: {1}'.format(key, problem) for key, problem in (
+            ('gpu_mode', gpu_mode_problem(self.gpu_mode)), ('gpu_gid', gpu_gid_problem(self.gpu_gid))) if problem]
+        problems += errors(self.containers, self.gpus, pve, is_root_password, self.gpu_sharing, self.passthrough)
         if problems:
             raise FleetError(problems)
 
@@ -353,7 +387,8 @@ class Fleet(object):
 
     def expand(self, mode):
         """One lxc_container entry per container, for passthrough mode devn or raw, with the override on top."""
-        out = specs(self.containers, self.gpus, self.defaults, mode, self.driver_mounts, self.shares)
+        out = specs(self.containers, self.gpus, self.defaults, mode, self.driver_mounts, self.shares, self.gpu_mode,
+                    self.gpu_gid)
         return [dict(spec, **self.override) for spec in out]
 
     def mode(self, pve=None):

@@ -53,7 +53,7 @@ def state(facts):
               'node_driver': facts.get('node_driver'), 'gpus': gpus, 'devices': facts.get('devices') or [],
               'expect': expect,
               'options': [cuda, settings.get('smoke'), float(settings.get('min_tflops') or 0),
-                          bool(settings.get('compile_check')), settings.get('compile_backend')]}
+                          bool(settings.get('compile_check')), settings.get('compile_backend'), settings.get('user')]}
     fingerprint = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode('utf-8')).hexdigest()
     record, max_age = built.get('verified'), int(settings.get('max_age') or 0)
     reuse = bool(max_age > 0 and isinstance(record, dict) and audited and built_audit.get('healthy')

@@ -148,6 +148,25 @@ def test_running_container_pending_changes_and_restart(play, pve):
     assert pve.ct(966).pending.get() and not [p for p in pve.ct(966).pending.get() if 'pending' in p]
 
 
+@pytest.mark.parametrize('version, waits', [('8.4.1', ['dev1', 'nameserver']), ('9.0.10', ['nameserver'])])
+def test_check_mode_predicts_what_waits_for_a_restart_by_pve_version(play, pve, control, version, waits):
+    # PVE 8 never hot-plugs devN, PVE 9 a new devN key; nameserver always waits; cores is applied at once
+    vmid = 990 if version.startswith('8') else 991
+    pve.create(vmid, cores=1, dev0='path=/dev/nvidia0,mode=0666')
+    pve.start(vmid)
+    task = ct(vmid, cores=2, nameserver='10.77.0.53', devices=[{'path': '/dev/nvidia0', 'mode': '0666'},
+                                                               {'path': '/dev/nvidia1', 'mode': '0666'}])
+    control.set_version(version)
+    try:
+        check = done(play, task, '--check')
+        assert check['changed'] and check['pending'] == waits and check['restart_required'] is True
+        real = done(play, task)
+    finally:
+        control.set_version('9.0.10')
+    assert real['pending'] == waits and real['restart_required'] is True  # what check mode said
+    assert pve.ct(vmid).config.get(current=1)['cores'] == 2
+
+
 def test_power_states(play, pve):
     pve.create(967)
     assert done(play, ct(967, state='started'))['status'] == 'running'
@@ -241,13 +260,25 @@ def test_a_failure_after_a_create_reports_the_create(play, pve, control):
     assert 941 in [g['vmid'] for g in pve.api.cluster.resources.get(type='vm')]
 
 
-def test_failed_task_is_surfaced_with_its_log(play, pve):
+def test_a_device_the_node_lacks_is_refused_before_the_create(play, pve):
+    pve.made.append(970)
+    res = only(play, ct(970, devices=[{'path': '/dev/nvidia-caps/nvidia-cap9'}], state='started'))
+    assert res.get('failed') and 'Device /dev/nvidia-caps/nvidia-cap9 does not exist' in res['msg'], res.get('msg')
+    assert res['changed'] is False and 970 not in [g['vmid'] for g in pve.api.cluster.resources.get(type='vm')]
+
+
+def test_failed_task_is_surfaced_with_its_log(play, pve, node_ssh):
+    # a device that was there at the create and is gone at the start (as after a node reboot) fails the start task
     pve.made.append(971)
-    res = only(play, ct(971, devices=[{'path': '/dev/nvidia-caps/nvidia-cap9'}], state='started'))
+    assert node_ssh('mknod -m 0666 /dev/gpufleet-test-971 c 1 3').returncode == 0
+    try:
+        done(play, ct(971, devices=[{'path': '/dev/gpufleet-test-971'}], state='present'))
+    finally:
+        node_ssh('rm -f /dev/gpufleet-test-971')
+    res = only(play, ct(971, devices=[{'path': '/dev/gpufleet-test-971'}], state='started'))
     assert res.get('failed')
-    assert 'start CT 971 failed' in res['msg'] and 'Device /dev/nvidia-caps/nvidia-cap9 does not exist' in res['msg']
+    assert 'start CT 971 failed' in res['msg'] and 'Device /dev/gpufleet-test-971 does not exist' in res['msg']
     assert res['task_log'][-1].startswith('TASK ERROR')
-    assert res['changed'] is True  # the container was created before the start failed
     assert pve.status(971) == 'stopped'
 
 

@@ -149,3 +149,29 @@ def test_a_hung_probe_times_out(fleet, tmp_path, creds):
     res = verify(tmp_path, creds, GPU, fail=True, venv='/tmp/hung', timeout=3)
     assert res['failures'][0]['check'] == 'probe'
     assert 'the probe did not finish in 3 s' in res['failures'][0]['actual']
+
+
+def test_a_user_who_cannot_open_the_gpus_is_a_finding(fleet, tmp_path, creds, node_ssh):
+    # the fleet made the GPU nodes 0666 (gpu_container_gpu_mode): the verify stage's user (nobody) opens them
+    seen = verify(tmp_path, creds, GPU, user='nobody')['device_access']
+    assert seen['user'] == 'nobody' and set(seen['nodes'].values()) == {'ENXIO'} and len(seen['nodes']) == 6
+    report = json.loads((fleet['reports'] / 'verify-gpu.json').read_text())
+    assert report['torch']['device_access']['user'] == 'nobody', report['torch'].get('device_access')
+    # a devN without a mode is 0660 root:root in the container, as PVE makes it: root opens it, nobody cannot
+    pve = fleet['pve']
+    pve.ct(CPU_ONLY).config.put(dev0='/dev/nvidia6')
+    try:
+        assert verify(tmp_path, creds, CPU_ONLY, user='0')['device_access']['nodes'] == {'/dev/nvidia6': 'ENXIO'}
+        res = verify(tmp_path, creds, CPU_ONLY, fail=True, user='nobody')
+        assert res['failures'] == [{'check': 'device_access', 'expected': 'nobody can open /dev/nvidia6',
+                                    'actual': 'EACCES (0660, uid 0, gid 0)', 'why': (
+                                        'permission denied (the node is not readable and writable by this user); '
+                                        'give the fleet a gpu_mode (0666) or a gpu_gid the user is in')}]
+        assert 'device_access: expected nobody can open /dev/nvidia6, got EACCES' in res['msg']
+        unknown = verify(tmp_path, creds, CPU_ONLY, fail=True, user='trainer')
+        assert unknown['failures'] == [{'check': 'device_access', 'expected': 'a user trainer in the container',
+                                        'actual': 'no such user'}]
+    finally:
+        pve.ct(CPU_ONLY).config.put(delete='dev0')
+        pve.stop(CPU_ONLY)
+        pve.start(CPU_ONLY)

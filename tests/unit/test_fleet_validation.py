@@ -6,14 +6,14 @@ from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _fleet
 
 NODES = {'gpu01': [0, 1, 2, 3], 'util01': [], 'nogpu': None}
 KNOWN = ('vmid, hostname, node, gpus, cores, memory, swap, rootfs, net, template, storage, unprivileged, features, '
-         'tags, description, onboot, mounts, devices, state, venv_profile, nameserver, searchdomain')
+         'tags, description, onboot, mounts, devices, state, venv_profile, nameserver, searchdomain, gpu_mode, gpu_gid')
 
 
 def test_every_key_checked_in_order_unknown_keys_first():
     entry = {'vmid': 'x', 'hostname': 5, 'node': '', 'cores': '4', 'memory': 8, 'swap': True,
              'devices': ['/dev/nvidia0'], 'features': 'nesting=1', 'tags': {}, 'unprivileged': 'yes', 'onboot': None,
              'nameserver': ' ', 'searchdomain': ['a'], 'net': 'name=eth0', 'rootfs': 0, 'gpus': 'first',
-             'zzz': 1, 'cpu': 2}
+             'gpu_mode': 666, 'gpu_gid': -1, 'zzz': 1, 'cpu': 2}
     assert _fleet.errors([entry], NODES) == [
         'containers[0] (vmid x).cpu: unknown key (known: {0})'.format(KNOWN),
         'containers[0] (vmid x).zzz: unknown key (known: {0})'.format(KNOWN),
@@ -34,6 +34,8 @@ def test_every_key_checked_in_order_unknown_keys_first():
         "containers[0] (vmid x).net: 'name=eth0' names no bridge (bridge=vmbr0)",
         'containers[0] (vmid x).rootfs: a size in GiB or a PVE volume spec, got 0',
         "containers[0] (vmid x).gpus: must be a list of GPU indexes or 'all', got 'first'",
+        "containers[0] (vmid x).gpu_mode: must be an octal mode as a string, as '0666' or '0660', got 666",
+        'containers[0] (vmid x).gpu_gid: must be a group id of the container (a whole number, 0 or more), got -1',
     ]
 
 

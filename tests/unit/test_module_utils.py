@@ -114,6 +114,27 @@ def test_fleet_plan_checks_the_whole_fleet_then_expands_it_by_the_clusters_versi
     assert not _fleet.Fleet.root_login({'api_user': 'root@pam', 'api_token_id': 't'})
 
 
+def test_gpu_nodes_get_the_fleets_mode_and_group_unless_the_entry_says():
+    nodes = {'gpu01': {'indexes': [0, 1]}}
+    entries = [{'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'gpus': [0]},
+               {'vmid': 201, 'hostname': 'b', 'node': 'gpu01', 'gpus': [1], 'gpu_mode': '0660', 'gpu_gid': 44,
+                'devices': [{'path': '/dev/fb0'}]}]
+    plain, own = _fleet.Fleet(entries, nodes).plan('9.0.3')['wanted']
+    # PVE would make them 0660 root:root; the fleet's default lets every user of the container open them
+    assert plain['devices'][0] == {'path': '/dev/nvidia0', 'mode': '0666'}
+    assert all(d['mode'] == '0666' and 'gid' not in d for d in plain['devices'])
+    assert own['devices'][:2] == [{'path': '/dev/nvidia1', 'mode': '0660', 'gid': 44},
+                                  {'path': '/dev/nvidiactl', 'mode': '0660', 'gid': 44}]
+    assert own['devices'][-1] == {'path': '/dev/fb0'}  # the entry's own devices stay as given
+    fleet_wide = _fleet.Fleet(entries[:1], nodes, gpu_mode='0660', gpu_gid=1000).plan('9.0.3')['wanted'][0]
+    assert fleet_wide['devices'][0] == {'path': '/dev/nvidia0', 'mode': '0660', 'gid': 1000}
+    with pytest.raises(_fleet.FleetError) as e:
+        _fleet.Fleet(entries, nodes, gpu_mode='rw', gpu_gid='video').check('9.0.3')
+    assert e.value.problems[:2] == ["gpu_mode: must be an octal mode as a string, as '0666' or '0660', got 'rw'",
+                                    "gpu_gid: must be a group id of the container (a whole number, 0 or more), "
+                                    "got 'video'"]
+
+
 def test_raw_lines_replace_only_the_main_sections_lxc_lines():
     text = ('#notes\narch: amd64\nlxc.apparmor.profile: unconfined\ncores: 2\n\n'
             '[pve:pending]\nlxc.mount.entry: pending\n\n[snap1]\nlxc.cgroup2.devices.allow: a\n')
