@@ -92,7 +92,11 @@ def test_raw_lxc_entries_and_the_cgroup_rule(lab, pve, node_ssh):
     pve.start(943)
     assert opens(node_ssh, 943, '/dev/nvidia5') == {'/dev/nvidia5': 'EPERM'}
     pve.stop(943)
-    assert node_ssh("echo 'lxc.cgroup2.devices.allow: c 195:5 rw' >> {0}".format(conf)).returncode == 0
+    # PVE reads 'lxc.key = value' as well, and keys with dashes (Config.pm parse_pct_config)
+    lines = 'lxc.cgroup2.devices.allow = c 195:5 rw\nlxc.hook.pre-start = /bin/true'
+    assert node_ssh("printf '{0}\\n' >> {1}".format(lines, conf)).returncode == 0
+    raw = pve.ct(943).config.get()['lxc']
+    assert ['lxc.cgroup2.devices.allow', 'c 195:5 rw'] in raw and ['lxc.hook.pre-start', '/bin/true'] in raw
     pve.start(943)
     assert opens(node_ssh, 943, '/dev/nvidia5') == {'/dev/nvidia5': 'ENXIO'}
 

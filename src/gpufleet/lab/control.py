@@ -64,3 +64,12 @@ class Control:
     def set_version(self, version):
         """Make the API report another PVE version (9.0.10 by default)."""
         return self.call('POST', '/version', {'version': version})
+
+    def set_status_lag(self, seconds):
+        """Make /cluster/resources show each container's status as it was this many seconds ago ('unknown' for
+        one that did not exist then), as pvestatd's rounds do; 0 shows it as it is."""
+        return self.call('POST', '/status_lag', {'seconds': seconds})
+
+    def set_tfa(self, on):
+        """Give root@pam a second factor (its password login is answered with NeedTFA), or take it away."""
+        return self.call('POST', '/tfa', {'on': bool(on)})

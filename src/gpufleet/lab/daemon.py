@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import sys
+import time
 
 from aiohttp import web
 from fakepve.model import PveError, TaskError
@@ -54,6 +55,8 @@ class LabPve(FakePve):
         self.grant(token, '/', *TOKEN_PRIVILEGES)
         self.store_file('local', TEMPLATE, 130 * 1024 ** 2, content='vztmpl')
         self._ct_locks = {}
+        self.status_lag = 0.0
+        self._statd = {}  # {vmid: [(since, status)]}: what pvestatd would have seen, and from when
 
     # -- state ---------------------------------------------------------------
     def load(self):
@@ -117,6 +120,38 @@ class LabPve(FakePve):
         else:
             ct.config.pop('lxc', None)
 
+    # -- /cluster/resources as pvestatd fills it ----------------------------------
+    def note_status(self, now=None):
+        """Record each container's status as it is now (after every container task and at every read)."""
+        now = time.monotonic() if now is None else now
+        for ct in self.cts:
+            seen = self._statd.setdefault(ct.vmid, [])
+            if not seen or seen[-1][1] != ct.status:
+                seen.append((now, ct.status))
+        for vmid in set(self._statd) - set(ct.vmid for ct in self.cts):
+            del self._statd[vmid]
+
+    def listed_status(self, vmid, now):
+        """The status /cluster/resources shows with status_lag on: the one the container had status_lag seconds ago,
+        'unknown' for one that did not exist then. PVE fills the list from pvestatd's rounds (pve-manager
+        PVE/Service/pvestatd.pm, every 10 s; PVE/API2/Cluster.pm resources reads its RRD data), and shows a guest
+        it has no data for yet as 'unknown'."""
+        shown = 'unknown'
+        for since, status in self._statd.get(vmid, []):
+            if since <= now - self.status_lag:
+                shown = status
+        return shown
+
+    def ct_resources(self, user, kind=None):
+        data = super().ct_resources(user, kind)
+        if self.status_lag:
+            now = time.monotonic()
+            self.note_status(now)
+            for item in data:
+                if item['status'] != 'unknown':  # an offline node's guests stay unknown
+                    item['status'] = self.listed_status(item['vmid'], now)
+        return data
+
     # -- the real side of tasks and config changes ----------------------------
     def _ct_lock(self, vmid):
         return self._ct_locks.setdefault(vmid, asyncio.Lock())
@@ -152,6 +187,7 @@ class LabPve(FakePve):
 
         async def real():
             note = await body()
+            self.note_status()
             try:
                 if ttype == 'vzreboot':
                     # A reboot is a stop and a start: the real container starts again with the new config.
@@ -223,7 +259,20 @@ class LabPve(FakePve):
         r.add_post('/lock', self._c_lock)
         r.add_get('/state', self._c_state)
         r.add_post('/version', self._c_version)
+        r.add_post('/status_lag', self._c_status_lag)
+        r.add_post('/tfa', self._c_tfa)
         return app
+
+    async def _c_status_lag(self, request):
+        """{seconds}: how far /cluster/resources' status lags behind the containers' (0: not at all)."""
+        self.note_status()
+        self.status_lag = float((await request.json())['seconds'])
+        return web.json_response(True)
+
+    async def _c_tfa(self, request):
+        """{on}: root@pam has a second factor: its password login is answered with NeedTFA (fakepve's own)."""
+        self.tfa = bool((await request.json())['on'])
+        return web.json_response(True)
 
     async def _c_version(self, request):
         """{version}: the PVE version the API reports (an older PVE for tests of the pre-8.1 paths)."""

@@ -12,9 +12,12 @@ Raw `lxc.*` keys are kept in the config as PVE's API shows them: a list of
 `[key, value]` under the key `lxc`.
 """
 
+import re
 from urllib.parse import quote, unquote
 
 PENDING = 'pve:pending'
+# A raw line as pve-container src/PVE/LXC/Config.pm parse_pct_config reads it: keys with dashes, and ':' or '='.
+RAW_LINE = re.compile(r'^(lxc\.[a-z0-9_\-.]+)(?::|\s*=)\s*(.*?)\s*$')
 
 
 def dump(config, pending=None):
@@ -58,12 +61,16 @@ def parse(text):
             if section is config:
                 desc.append(unquote(line[1:]))
             continue
+        raw = RAW_LINE.match(line)
+        if raw:
+            section.setdefault('lxc', []).append([raw.group(1), raw.group(2)])
+            continue
         key, sep, value = line.partition(':')
         if not sep:
             continue
         key, value = key.strip(), value.strip()
         if key.startswith('lxc.'):
-            section.setdefault('lxc', []).append([key, value])
+            continue  # not a key PVE reads (upper case, or no ':'/'=' after it)
         elif section is pending and key == 'delete':
             for name in value.split(','):
                 if name:

@@ -2,11 +2,12 @@
 
 import glob
 import os
+import signal
 import subprocess
 import sys
 import time
 
-from ._util import LabError, _alive, _kill, _read, _tail, _wait_pidfile, _write, sh
+from ._util import LabError, _alive, _kill, _pid, _read, _tail, _wait_pidfile, _write, sh
 
 
 # -- sshd -------------------------------------------------------------------------------
@@ -34,13 +35,25 @@ def ensure_sshd(lab):
         'PasswordAuthentication no',
         'KbdInteractiveAuthentication no',
         'UsePAM no',
-        'MaxSessions 64',
-        'MaxStartups 64:30:128',
+        # OpenSSH's defaults, as a Proxmox node has them (sshd_config(5): MaxSessions 10, MaxStartups 10:30:100)
+        'MaxSessions 10',
+        'MaxStartups 10:30:100',
         'AcceptEnv LANG LC_*',
         'Subsystem sftp /usr/lib/openssh/sftp-server',
     ]) + '\n'
-    _write(os.path.join(d, 'sshd_config'), config.encode(), 0o600)
-    if _alive(os.path.join(d, 'sshd.pid')):
+    conf = os.path.join(d, 'sshd_config')
+    before = _read(conf) if os.path.exists(conf) else None
+    _write(conf, config.encode(), 0o600)
+    pidfile = os.path.join(d, 'sshd.pid')
+    if _alive(pidfile):
+        if before != config:  # a lab made with other settings: sshd reads its config again on SIGHUP
+            os.kill(_pid(pidfile), signal.SIGHUP)
+            time.sleep(0.3)
+            for _ in range(100):  # it re-executes itself under the same pid; wait until it listens again
+                if subprocess.run(['ss', '-Hltn', 'sport = :{0}'.format(lab.ssh_port)], stdout=subprocess.PIPE,
+                                  text=True).stdout.strip():
+                    break
+                time.sleep(0.05)
         return
     os.makedirs('/run/sshd', mode=0o755, exist_ok=True)
     sh(['/usr/sbin/sshd', '-f', os.path.join(d, 'sshd_config')])
