@@ -8,8 +8,11 @@ short_description: Run tasks in a Proxmox VE container through pct exec on its n
 version_added: 0.1.0
 description:
   - Runs each command in an LXC container with C(pct exec <vmid> --) on the Proxmox node that hosts it.
-  - The node is reached with OpenSSH (multiplexed with ControlPersist, so a play opens one connection
-    per node), or directly when the controller is the node (O(local)).
+  - The node is reached with OpenSSH, multiplexed with ControlPersist, so a play keeps one connection per node
+    (ssh opens a connection of its own for a session the shared one cannot carry, past the node's C(MaxSessions));
+    or directly when the controller is the node (O(local)).
+  - Where the node's sshd turns a connection or a session away before the command starts (C(MaxStartups),
+    C(MaxSessions)), the command is tried again, O(retries) times with a growing pause.
   - Files are copied both ways through the same channel (no temporary file on the node); pipelining is
     supported; C(become) works inside the container (pct exec runs as the container's root).
 author:
@@ -84,6 +87,12 @@ options:
     default: 30
     vars:
       - name: ansible_pct_timeout
+  retries:
+    description: How often a command the node's sshd turned away before it started is tried again.
+    type: int
+    default: 6
+    vars:
+      - name: ansible_pct_retries
 '''
 
 EXAMPLES = r'''
@@ -95,8 +104,10 @@ EXAMPLES = r'''
 '''
 
 import os
+import random
 import shlex
 import subprocess
+import time
 
 from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound
 from ansible.module_utils.common.text.converters import to_bytes, to_text
@@ -107,6 +118,12 @@ display = Display()
 
 # pct exec runs commands as the container's root with a cleared environment: give them root's.
 ROOT_ENV = ['/usr/bin/env', 'HOME=/root', 'USER=root', 'LOGNAME=root', 'SHELL=/bin/sh']
+# What ssh says when the node's sshd turned it away before the command started, so that trying again is safe:
+# a connection dropped while it was being set up (sshd's MaxStartups, 10:30:100 by default, drops new connections
+# at random past 10 unauthenticated ones: "kex_exchange_identification: Connection closed by remote host" or
+# "... read: Connection reset by peer"), a session refused on a shared connection (MaxSessions: "Session open
+# refused by peer", where ssh does not open its own connection instead).
+TURNED_AWAY = ('kex_exchange_identification', 'Session open refused by peer')
 
 
 def remote_path(path):
@@ -165,12 +182,31 @@ class Connection(ConnectionBase):
     def _run(self, container_argv, stdin=None, stdout=subprocess.PIPE):
         argv = self._argv(container_argv)
         display.vvv('PCT EXEC {0}'.format(' '.join(shlex.quote(a) for a in argv)), host=self._play_context.remote_addr)
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if isinstance(stdin, bytes) or stdin is None else stdin,
-                                    stdout=stdout, stderr=subprocess.PIPE)
-        except OSError as e:
-            raise AnsibleConnectionFailure('pct connection: cannot run {0}: {1}'.format(argv[0], e))
-        out, err = proc.communicate(stdin if isinstance(stdin, bytes) else None)
+        retries = 0 if self.get_option('local') else max(0, self.get_option('retries'))
+        for attempt in range(retries + 1):
+            for stream in (stdin, stdout):
+                if hasattr(stream, 'seek'):  # a file given or taken whole: from its start again
+                    stream.seek(0)
+                    if stream is stdout:
+                        stream.truncate()
+            try:
+                proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE,
+                                        stdin=subprocess.PIPE if isinstance(stdin, bytes) or stdin is None else stdin)
+            except OSError as e:
+                raise AnsibleConnectionFailure('pct connection: cannot run {0}: {1}'.format(argv[0], e))
+            out, err = proc.communicate(stdin if isinstance(stdin, bytes) else None)
+            turned_away = proc.returncode == 255 and any(m in to_text(err, errors='replace') for m in TURNED_AWAY)
+            if not turned_away or attempt == retries:
+                break
+            pause = min(8.0, 0.25 * 2 ** attempt) * (0.5 + random.random())
+            display.vvv('PCT: {0} turned the command away ({1}); again in {2:.1f} s'.format(
+                self._where(), to_text(err, errors='replace').strip(), pause), host=self._play_context.remote_addr)
+            time.sleep(pause)
+        if turned_away:
+            raise AnsibleConnectionFailure(
+                '{0} turned CT {1}\'s command away {2} times: {3} (its sshd\'s MaxStartups or MaxSessions; fewer forks, '
+                'or more ansible_pct_retries)'.format(self._where(), self._vmid(), retries + 1,
+                                                      to_text(err, errors='replace').strip()))
         self._check(proc.returncode, err)
         return proc.returncode, out or b'', err
 

@@ -28,6 +28,13 @@ options:
       - The user's password. Falls back to E(PROXMOX_PASSWORD).
       - Device passthrough (C(devN)) can only be configured by V(root@pam) logged in with its password.
     type: str
+  api_otp:
+    description:
+      - A current one-time code (TOTP) for a O(api_user) with two-factor authentication, which PVE asks for after the
+        password. Falls back to E(PROXMOX_OTP).
+      - A TOTP code is good for a short time only and every task logs in anew, so it suits short runs
+        (C(-e gpufleet_api_otp=123456)); unattended runs need a login without a second factor.
+    type: str
   api_token_id:
     description:
       - The name of an API token of O(api_user) (the part after C(!)). Falls back to E(PROXMOX_TOKEN_ID).

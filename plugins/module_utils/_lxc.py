@@ -377,12 +377,27 @@ class Reconciler(object):
         self.check_mode = check_mode
         self.lock_timeout = lock_timeout
         self._guests = None
+        self._live = {}
         self._hot_devices = None
 
     def guests(self):
         if self._guests is None:
             self._guests = self.client.guests()
         return self._guests
+
+    def live_status(self, node, vmid, listed):
+        """A container's power state as its node sees it now. /cluster/resources has it from pvestatd's last round,
+        which lags behind a start or stop and says 'unknown' for a new guest (pve-manager PVE/API2/Cluster.pm
+        resources), so power is decided on the node's own list, GET /nodes/<node>/lxc (pve-container
+        src/PVE/API2/LXC.pm vmlist, PVE::LXC::vmstatus: read live): one request per node, where its containers are
+        planned. listed: the cluster list's status, kept where the node does not answer."""
+        if node not in self._live:
+            try:
+                self._live[node] = dict((int(c['vmid']), c.get('status')) for c in self.client.get(
+                    'nodes/{0}/lxc'.format(node)))
+            except PveError:
+                self._live[node] = {}
+        return self._live[node].get(vmid) or listed
 
     def hot_devices(self):
         """Whether this cluster hot-plugs a new devN into a running container, read once and only when a plan needs
@@ -408,7 +423,7 @@ class Reconciler(object):
         if g is not None and g.get('type') != 'lxc':
             raise SpecError('vmid {0} is a {1} guest, not a container'.format(vmid, g.get('type')))
         node = g['node'] if g else spec.get('node')
-        status = g.get('status') if g else None
+        status = self.live_status(node, vmid, g.get('status')) if g else None
         res = dict(vmid=vmid, node=node, changed=False, created=False, changed_keys=[], pending=[],
                    restart_required=False, status=status or 'absent',
                    diff=dict(before={}, after={}, before_header='CT {0}'.format(vmid),

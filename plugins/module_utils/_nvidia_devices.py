@@ -25,14 +25,22 @@ CONTROL_NODES = {'nvidiactl': 255, 'nvidia-modeset': 254}
 UVM_NODES = {'nvidia-uvm': 0, 'nvidia-uvm-tools': 1}
 # what a GPU container gets besides its /dev/nvidiaN, in the order its devN entries are written
 PASSTHROUGH_CONTROL = ('/dev/nvidiactl', '/dev/nvidia-uvm', '/dev/nvidia-uvm-tools', '/dev/nvidia-modeset')
+# Those a container does without where the node lacks them: CUDA needs only nvidiactl and nvidia-uvm, and NVIDIA's
+# own container tooling passes these through only where they exist (libnvidia-container src/nvc_info.c
+# lookup_devices: a missing nvidia-uvm-tools is a warning, "missing device"). PVE refuses a devN whose node is
+# missing, so passing one the node lacks would block the container's create, change and start.
+OPTIONAL_CONTROL = ('nvidia-uvm-tools', 'nvidia-modeset')
 
 
-def passthrough_paths(gpus):
-    """The device nodes a container with these GPU indexes needs: its /dev/nvidiaN, then the control nodes
-    (none without GPUs)."""
+def passthrough_paths(gpus, present=None):
+    """The device nodes a container with these GPU indexes needs: its /dev/nvidiaN, then the control nodes (none
+    without GPUs); present: the names of the control nodes the node has (None where unknown), without which the
+    optional ones are left out."""
     if not gpus:
         return []
-    return ['/dev/nvidia{0}'.format(g) for g in gpus] + list(PASSTHROUGH_CONTROL)
+    return ['/dev/nvidia{0}'.format(g) for g in gpus] + [
+        p for p in PASSTHROUGH_CONTROL
+        if present is None or p[len('/dev/'):] not in OPTIONAL_CONTROL or p[len('/dev/'):] in present]
 
 
 def numbers(path, majors):

@@ -29,6 +29,7 @@ CONNECTION_SPEC = dict(
     api_port=dict(type='int', default=8006, fallback=(env_fallback, ['PROXMOX_PORT'])),
     api_user=dict(type='str', required=True, fallback=(env_fallback, ['PROXMOX_USER'])),
     api_password=dict(type='str', no_log=True, fallback=(env_fallback, ['PROXMOX_PASSWORD'])),
+    api_otp=dict(type='str', no_log=True, fallback=(env_fallback, ['PROXMOX_OTP'])),
     api_token_id=dict(type='str', no_log=False, fallback=(env_fallback, ['PROXMOX_TOKEN_ID'])),
     api_token_secret=dict(type='str', no_log=True, fallback=(env_fallback, ['PROXMOX_TOKEN_SECRET'])),
     validate_certs=dict(type='bool', default=True, fallback=(env_fallback, ['PROXMOX_VALIDATE_CERTS'])),
@@ -93,6 +94,8 @@ class PveClient(object):
             auth.update(token_name=self.token, token_value=params['api_token_secret'])
         else:
             auth.update(password=params['api_password'])
+            if params.get('api_otp'):
+                auth.update(otp=params['api_otp'])
         self.task_timeout = params.get('timeout') or 300
         self.requests = 0
         try:
@@ -103,8 +106,13 @@ class PveClient(object):
         except ResourceException as e:
             raise _translate(e, 'login to {0} as {1}'.format(params['api_host'], self.user))
         except Exception as e:  # requests' SSL and connection errors, proxmoxer's AuthenticationError
+            why = str(e)
+            if 'Two Factor' in why:  # PVE answered the password with NeedTFA (a second factor is configured)
+                why = ('{0} has two-factor authentication and {1}: give api_otp (gpufleet_api_otp) a current '
+                       'one-time code for this run'.format(
+                           self.user, 'the code in api_otp was refused' if params.get('api_otp') else 'no code was given'))
             raise PveError('cannot log in to the PVE API at https://{0}:{1} as {2}: {3}'.format(
-                params['api_host'], params['api_port'], self.user, e))
+                params['api_host'], params['api_port'], self.user, why))
 
     # -- authentication facts ------------------------------------------------------
     @property

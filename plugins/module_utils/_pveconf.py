@@ -14,6 +14,11 @@ import os
 import re
 
 
+# A raw line as PVE reads it: pve-container src/PVE/LXC/Config.pm parse_pct_config,
+# m/^(lxc\.[a-z0-9_\-\.]+)(:|\s*=)\s*(.*?)\s*$/ - a key with dashes, then ':' or '=' ('lxc.key = value').
+RAW_LINE = re.compile(r'^(lxc\.[a-z0-9_\-.]+)(?::|\s*=)\s*(.*?)\s*$')
+
+
 class RawError(Exception):
     pass
 
@@ -29,7 +34,7 @@ def normalize(entries):
         if isinstance(entry, dict):
             key, value = entry.get('key'), entry.get('value')
         else:
-            m = re.match(r'^\s*(lxc\.[A-Za-z0-9_.]+)\s*[:=]\s*(.*?)\s*$', str(entry))
+            m = RAW_LINE.match(str(entry).strip())
             key, value = (m.group(1), m.group(2)) if m else (None, None)
         if not key or not str(key).startswith('lxc.') or value is None or '\n' in str(value):
             raise RawError('lxc_raw[{0}]: {1!r} is not "lxc.<key>: <value>"'.format(i, entry))
@@ -43,7 +48,7 @@ def read(text):
     for line in text.splitlines():
         if line.startswith('['):
             break
-        m = re.match(r'^(lxc\.[A-Za-z0-9_.]+)\s*:\s*(.*?)\s*$', line)
+        m = RAW_LINE.match(line)
         if m:
             out.append((m.group(1), m.group(2)))
     return out
@@ -53,7 +58,7 @@ def replace(text, entries):
     """The file's text with the main section's raw lines replaced by entries (kept at its end)."""
     lines = text.splitlines()
     end = next((i for i, line in enumerate(lines) if line.startswith('[')), len(lines))
-    main = [line for line in lines[:end] if not re.match(r'^lxc\.[A-Za-z0-9_.]+\s*:', line)]
+    main = [line for line in lines[:end] if not RAW_LINE.match(line)]
     while main and not main[-1].strip():
         main.pop()
     rest = lines[end:]

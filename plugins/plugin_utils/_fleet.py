@@ -237,14 +237,15 @@ def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, pas
     return out
 
 
-def gpu_nodes(entry, node_gpus, mode=GPU_MODE, gid=None):
-    """The device nodes a container's GPUs need: its /dev/nvidiaN, then the control nodes (none without GPUs), each
-    with the mode (and group) the container's users open them with: the entry's gpu_mode/gpu_gid over the fleet's."""
+def gpu_nodes(entry, node_gpus, mode=GPU_MODE, gid=None, control=None):
+    """The device nodes a container's GPUs need: its /dev/nvidiaN, then the control nodes (none without GPUs; the
+    optional ones only where the node has them, control being the names it has or None), each with the mode (and
+    group) the container's users open them with: the entry's gpu_mode/gpu_gid over the fleet's."""
     access = {'mode': entry.get('gpu_mode') or mode}
     gid = entry.get('gpu_gid', gid)
     if gid is not None:
         access['gid'] = gid
-    return [dict(access, path=p) for p in _nvidia_devices.passthrough_paths(gpu_list(entry, node_gpus))]
+    return [dict(access, path=p) for p in _nvidia_devices.passthrough_paths(gpu_list(entry, node_gpus), control)]
 
 
 def raw_lines(devices, majors):
@@ -265,9 +266,11 @@ def share_mount(share):
     return '{0},mp={1}{2}'.format(share['path'], share['mp'], ',ro=1' if share.get('read_only') else '')
 
 
-def specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None, shares=None, gpu_mode=GPU_MODE, gpu_gid=None):
+def specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None, shares=None, gpu_mode=GPU_MODE, gpu_gid=None,
+          control=None):
     """One lxc_container entry per container: the fleet's values over the role's defaults.
 
+    control: {node: names of the NVIDIA control nodes it has} where known (the optional ones go only where they are).
     driver_mount: {node: mount string} binding that node's driver bundle into its GPU containers.
     shares: {node: [{path, mp, read_only}]} node directories bound into all its containers.
     Both take the highest free mpN keys, in that order, so the user's own mounts keep theirs.
@@ -303,7 +306,8 @@ def specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None, shares=
             spec['mounts'] = mounts
         # With raw passthrough the GPUs go in as lxc.* lines (raw()), not as devN.
         extra = list(entry.get('devices') or [])
-        spec['devices'] = extra if passthrough == 'raw' else gpu_nodes(entry, nodes.get(node), gpu_mode, gpu_gid) + extra
+        spec['devices'] = extra if passthrough == 'raw' else gpu_nodes(
+            entry, nodes.get(node), gpu_mode, gpu_gid, (control or {}).get(node)) + extra
         out.append(spec)
     return out
 
@@ -345,7 +349,8 @@ class Fleet(object):
     plain containers lxc_container reconciles (the fleet_plan action).
 
     nodes: {node: {indexes: [GPU indexes] or None where gpu_node did not run, majors: {name: major},
-    driver: the driver bundle's path on the node or '', shares: [{path, mp, read_only}]}}.
+    control: [names of the NVIDIA control nodes it has] or None, driver: the driver bundle's path on the node or '',
+    shares: [{path, mp, read_only}]}}.
     gpu_mode, gpu_gid: how the GPUs' device nodes are made in every container whose entry does not say (devN)."""
 
     def __init__(self, containers, nodes, defaults=None, passthrough='auto', gpu_sharing=False, driver_mount='',
@@ -362,6 +367,7 @@ class Fleet(object):
             (name, '{0},mp={1},ro=1'.format(node['driver'], driver_mount)) for name, node in self.nodes.items()
             if driver_mount and node.get('driver'))
         self.shares = dict((name, node.get('shares') or []) for name, node in self.nodes.items())
+        self.control = dict((name, node.get('control')) for name, node in self.nodes.items())
 
     @staticmethod
     def root_login(api):
@@ -388,7 +394,7 @@ class Fleet(object):
     def expand(self, mode):
         """One lxc_container entry per container, for passthrough mode devn or raw, with the override on top."""
         out = specs(self.containers, self.gpus, self.defaults, mode, self.driver_mounts, self.shares, self.gpu_mode,
-                    self.gpu_gid)
+                    self.gpu_gid, self.control)
         return [dict(spec, **self.override) for spec in out]
 
     def mode(self, pve=None):

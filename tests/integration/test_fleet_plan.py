@@ -46,6 +46,17 @@ def test_a_fleet_expands_into_plain_containers_by_the_clusters_version(play, con
     assert control.mutating_requests() == []
 
 
+def test_a_node_without_the_optional_control_nodes_gives_its_containers_the_rest(play):
+    bare = dict(NODE_FACTS, gpufleet_gpu_devices=dict(NODE_FACTS['gpufleet_gpu_devices'], control={
+        'nvidiactl': {'path': '/dev/nvidiactl'}, 'nvidia-uvm': {'path': '/dev/nvidia-uvm'}}))
+    tasks = plan_tasks([entry(990, gpus=[0])])
+    tasks[0] = {'ansible.builtin.set_fact': bare}
+    res = play(tasks).task(1)
+    assert not res.get('failed'), res.get('msg')
+    assert [d['path'] for d in res['containers'][0]['devices']] == ['/dev/nvidia0', '/dev/nvidiactl', '/dev/nvidia-uvm']
+    assert all(d['mode'] == '0666' for d in res['containers'][0]['devices'])
+
+
 def test_raw_passthrough_starts_the_containers_after_their_lines(play, control):
     control.set_version('8.0.4')
     try:

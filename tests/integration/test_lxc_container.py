@@ -91,8 +91,8 @@ def test_every_option_applied_then_second_run_changes_nothing(play, pve, control
     assert second['changed'] is False, second['diff']
     assert second['changed_keys'] == []
     assert changes_to(control, 962) == []
-    # a no-op costs the login and one config read (the node is known, the status from one cluster read)
-    assert second['api_requests'] <= 3
+    # a no-op costs the login, the cluster's guests, the node's containers (their live power) and one config read
+    assert second['api_requests'] == 4
 
 
 def test_update_diff_shows_removals_and_check_mode_sends_nothing(play, pve, control):
@@ -165,6 +165,38 @@ def test_check_mode_predicts_what_waits_for_a_restart_by_pve_version(play, pve, 
         control.set_version('9.0.10')
     assert real['pending'] == waits and real['restart_required'] is True  # what check mode said
     assert pve.ct(vmid).config.get(current=1)['cores'] == 2
+
+
+def test_power_is_decided_on_the_nodes_own_list_not_the_lagging_cluster_list(play, pve, control):
+    # /cluster/resources has the status from pvestatd's last round: 'unknown' for a new guest, then behind
+    control.set_status_lag(60)
+    try:
+        pve.create(987)
+        pve.start(987)
+        assert [g['status'] for g in pve.api.cluster.resources.get(type='vm') if g['vmid'] == 987] == ['unknown']
+        started = done(play, ct(987, state='started'))  # taking the list's word would start it again: refused
+        assert started['changed'] is False and started['status'] == 'running'
+        stopped = done(play, ct(987, state='stopped'))  # taking the list's word would leave it running
+        assert stopped['changed'] is True and pve.status(987) == 'stopped'
+        assert [g['status'] for g in pve.api.cluster.resources.get(type='vm') if g['vmid'] == 987] == ['unknown']
+    finally:
+        control.set_status_lag(0)
+
+
+def test_a_second_factor_is_asked_for_before_anything_changes(play, pve, control):
+    pve.made.append(986)
+    control.set_tfa(True)
+    try:
+        res = only(play, ct(986, state='started'))
+        with_code = only(play, ct(986, state='started', api_otp='123456'))
+        token = only(play, ct(986, state='started'), token=True)  # a token has no second factor
+    finally:
+        control.set_tfa(False)
+    assert res.get('failed') and 'root@pam has two-factor authentication and no code was given' in res['msg'], res
+    assert 'give api_otp (gpufleet_api_otp) a current one-time code' in res['msg'] and not res.get('changed')
+    assert with_code.get('failed') and 'the code in api_otp was refused' in with_code['msg'], with_code
+    assert not token.get('failed'), token.get('msg')
+    assert pve.status(986) == 'running'
 
 
 def test_power_states(play, pve):
@@ -297,8 +329,8 @@ def test_fleet_in_one_call(play, pve, control):
     assert not second.get('failed'), second.get('msg')
     assert second['changed'] is False
     assert changes_to(control, 972, 973, 974) == []
-    # one login, one read of the cluster's guests, one config read per container
-    assert second['api_requests'] == 2 + len(fleet)
+    # one login, one read of the cluster's guests, one of their node's containers (live power), one config read each
+    assert second['api_requests'] == 3 + len(fleet)
 
 
 def test_unprivileged_cannot_flip_and_nothing_changes(play, pve, control):

@@ -60,8 +60,22 @@ def test_commands_modules_and_facts(tmp_path, creds, container, pipelining):
     # Ansible's remote temporary files went to root's home, not to a literal '~' directory
     leftovers = run(tmp_path, inv, [{'ansible.builtin.stat': {'path': '/~'}}])
     assert leftovers.task(0, 'ct')['stat']['exists'] is False
-    # one multiplexed connection per node: its control socket is there after the run
+    # one multiplexed connection per container: its control socket is there after the run
     assert len(os.listdir(os.path.realpath(str(tmp_path / 'cp')))) == 1
+
+
+def test_more_forks_than_the_nodes_sshd_takes_at_once(tmp_path, creds, container):
+    # the lab's sshd has OpenSSH's defaults, MaxSessions 10 and MaxStartups 10:30:100: forty hosts starting at
+    # once open more connections than sshd lets through unauthenticated, and it drops some of them at random
+    inv = inventory(tmp_path, creds, container)
+    one = yaml.safe_load(open(inv))['all']['hosts']['ct']
+    hosts = dict(('ct{0}'.format(i), one) for i in range(40))
+    (tmp_path / 'containers.yml').write_text(yaml.safe_dump({'all': {'children': {'ct': {'hosts': hosts}}}}))
+    # (raw: forty Python modules at once would not fit in the container's memory)
+    r = run(tmp_path, inv, [{'ansible.builtin.raw': 'sleep 2; echo done'}], '--forks', '40')
+    failed = dict((h, r.task(0, h).get('msg')) for h in hosts if r.task(0, h).get('failed'))
+    assert failed == {} and r.rc == 0
+    assert all(r.task(0, h)['stdout'].strip() == 'done' for h in hosts)
 
 
 def test_files_both_ways(tmp_path, creds, container):

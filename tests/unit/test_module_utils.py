@@ -126,6 +126,10 @@ def test_gpu_nodes_get_the_fleets_mode_and_group_unless_the_entry_says():
     assert own['devices'][:2] == [{'path': '/dev/nvidia1', 'mode': '0660', 'gid': 44},
                                   {'path': '/dev/nvidiactl', 'mode': '0660', 'gid': 44}]
     assert own['devices'][-1] == {'path': '/dev/fb0'}  # the entry's own devices stay as given
+    # a node without the optional control nodes: the container goes without them (PVE would refuse them)
+    bare = {'gpu01': {'indexes': [0, 1], 'control': ['nvidia-uvm', 'nvidiactl']}}
+    assert [d['path'] for d in _fleet.Fleet(entries[:1], bare).plan('9.0.3')['wanted'][0]['devices']] == [
+        '/dev/nvidia0', '/dev/nvidiactl', '/dev/nvidia-uvm']
     fleet_wide = _fleet.Fleet(entries[:1], nodes, gpu_mode='0660', gpu_gid=1000).plan('9.0.3')['wanted'][0]
     assert fleet_wide['devices'][0] == {'path': '/dev/nvidia0', 'mode': '0660', 'gid': 1000}
     with pytest.raises(_fleet.FleetError) as e:
@@ -144,6 +148,21 @@ def test_raw_lines_replace_only_the_main_sections_lxc_lines():
     assert new.endswith('[snap1]\nlxc.cgroup2.devices.allow: a\n')
     with pytest.raises(_pveconf.RawError, match=r'lxc_raw\[0\]'):
         _pveconf.normalize(['cores: 2'])
+
+
+def test_raw_lines_are_read_as_pve_reads_them():
+    # Config.pm parse_pct_config: keys with dashes, and 'key = value' as well as 'key: value'
+    text = ('arch: amd64\nlxc.apparmor.profile = unconfined\nlxc.hook.pre-start: /bin/true\n'
+            'lxc.cgroup2.devices.allow=c 195:0 rw\ncores: 2\n')
+    assert _pveconf.read(text) == [('lxc.apparmor.profile', 'unconfined'), ('lxc.hook.pre-start', '/bin/true'),
+                                   ('lxc.cgroup2.devices.allow', 'c 195:0 rw')]
+    # managed lines replace every raw line, whichever way it was written: none is left behind twice
+    assert _pveconf.replace(text, [('lxc.apparmor.profile', 'unconfined')]) == (
+        'arch: amd64\ncores: 2\nlxc.apparmor.profile: unconfined\n')
+    assert _pveconf.normalize(['lxc.mount.auto = proc:rw', 'lxc.hook.pre-start: /x']) == [
+        ('lxc.mount.auto', 'proc:rw'), ('lxc.hook.pre-start', '/x')]
+    with pytest.raises(_pveconf.RawError):
+        _pveconf.normalize(['lxc.Mount.auto: x'])  # PVE reads lower-case keys only
 
 
 def test_elf_reads_a_system_library():

@@ -17,8 +17,8 @@ import yaml
 
 MASK = '********'
 # The variables that hold secrets: the collection's API logins and Ansible's connection passwords.
-SECRET_VARS = ('gpufleet_api_password', 'gpufleet_api_token_secret', 'ansible_password', 'ansible_ssh_pass',
-               'ansible_become_password', 'ansible_become_pass', 'ansible_pct_password')
+SECRET_VARS = ('gpufleet_api_password', 'gpufleet_api_token_secret', 'gpufleet_api_otp', 'ansible_password',
+               'ansible_ssh_pass', 'ansible_become_password', 'ansible_become_pass', 'ansible_pct_password')
 SECRET_NAME = re.compile(r'(pass(word|wd)?|secret|token|private_key)$', re.IGNORECASE)
 MIN_LEN = 4  # shorter values would mask ordinary words
 
