@@ -26,7 +26,9 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import zipfile
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv, _verify_record
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import (
@@ -110,22 +112,94 @@ def run(argv, env, timeout, what):
     return out
 
 
-def ensure_uv(uv, python, version, find_links=None, check=False):
-    """Install uv==version in its own venv (the uv path's grandparent, as in <dir>/<version>/bin/uv) when uv is
-    not there yet. True when it was installed (in check mode: would be)."""
+def uv_wheel(names, version, machine=None):
+    """The name of the uv wheel of this version for this machine (manylinux, x86_64 or aarch64) among names, or
+    None."""
+    machine = machine or platform.machine()
+    found = sorted(n for n in names if n.startswith('uv-{0}-'.format(version)) and 'manylinux' in n
+                   and n.endswith('_{0}.whl'.format(machine)))
+    return found[0] if found else None
+
+
+def uv_index(env=None):
+    """The package index uv is fetched from: the one the build's environment names for uv or pip, else PyPI."""
+    env = os.environ if env is None else env
+    for name in ('UV_DEFAULT_INDEX', 'UV_INDEX_URL', 'PIP_INDEX_URL'):
+        if env.get(name):
+            return env[name]
+    return 'https://pypi.org/simple'
+
+
+def fetch_uv_wheel(index, version, dest, timeout=600, env=None):
+    """Download the uv wheel of this version from a PEP 503 index into dest, checked against the sha256 the index
+    gives; its path. Through the environment's proxy, with SSL_CERT_FILE (or PIP_CERT) as the CA bundle."""
+    import ssl
+    try:
+        from urllib.parse import unquote, urljoin, urlsplit
+        from urllib.request import urlopen
+    except ImportError:  # pragma: no cover - Python 2
+        raise BuildError('installing uv needs Python 3')
+    env = os.environ if env is None else env
+    cafile = env.get('SSL_CERT_FILE') or env.get('PIP_CERT') or None
+    context = ssl.create_default_context(cafile=cafile)
+    page = index.rstrip('/') + '/uv/'
+    try:
+        html = urlopen(page, timeout=timeout, context=context).read().decode('utf-8', 'replace')
+    except (IOError, OSError, ValueError) as e:
+        raise BuildError('uv {0} could not be fetched: reading {1} failed: {2}'.format(version, page, e))
+    links = dict((unquote(urlsplit(urljoin(page, h)).path.rsplit('/', 1)[-1]), urljoin(page, h))
+                 for h in re.findall(r'href="([^"]+)"', html.replace('&amp;', '&')))
+    name = uv_wheel(links, version)
+    if not name:
+        raise BuildError('the index {0} has no uv {1} wheel for {2} (manylinux)'.format(index, version,
+                                                                                      platform.machine()))
+    url, _, fragment = links[name].partition('#')
+    try:
+        data = urlopen(url, timeout=timeout, context=context).read()
+    except (IOError, OSError, ValueError) as e:
+        raise BuildError('uv {0} could not be fetched from {1}: {2}'.format(version, url, e))
+    want = fragment[len('sha256='):] if fragment.startswith('sha256=') else None
+    if want and hashlib.sha256(data).hexdigest() != want:
+        raise BuildError('uv {0} from {1} does not match the sha256 the index gives'.format(version, url))
+    path = os.path.join(dest, name)
+    with open(path, 'wb') as fh:
+        fh.write(data)
+    return path
+
+
+def ensure_uv(uv, version, find_links=None, check=False, timeout=600):
+    """Put uv of this version at uv (<dir>/<version>/bin/uv) when it is not there yet, from its wheel: the one in
+    find_links (offline), else the one the package index serves. The wheel is unpacked, not installed with pip, so
+    that neither pip nor ensurepip is needed: a container made from PVE's debian-12-standard template has python3
+    but not python3-venv. True when it was put there (in check mode: would be)."""
     if not version or os.path.exists(uv):
         return False
     if check:
         return True
-    home = os.path.dirname(os.path.dirname(uv))
-    run([python, '-m', 'venv', home], None, 600, 'making the venv for uv')
-    argv = [os.path.join(home, 'bin', 'pip'), 'install', '--quiet', '--disable-pip-version-check', 'uv==' + version]
-    if find_links:
-        argv += ['--no-index', '--find-links', find_links]
-    run(argv, None, 1200, 'installing uv {0}'.format(version))
-    if not os.path.exists(uv):
-        raise BuildError('uv {0} was installed, but {1} is not there: uv must be <dir>/<version>/bin/uv'.format(
-            version, uv))
+    tmp = tempfile.mkdtemp(prefix='gpufleet-uv-')
+    try:
+        if find_links:
+            name = uv_wheel(os.listdir(find_links), version) if os.path.isdir(find_links) else None
+            if not name:
+                raise BuildError('{0} has no uv {1} wheel for {2} (manylinux): add it to the wheelhouse'.format(
+                    find_links, version, platform.machine()))
+            wheel = os.path.join(find_links, name)
+        else:
+            wheel = fetch_uv_wheel(uv_index(), version, tmp, timeout)
+        with zipfile.ZipFile(wheel) as z:
+            member = [n for n in z.namelist() if n.endswith('.data/scripts/uv')]
+            if not member:
+                raise BuildError('{0} holds no uv executable (.data/scripts/uv)'.format(wheel))
+            os.makedirs(os.path.dirname(uv), exist_ok=True)
+            part = uv + '.part'
+            with z.open(member[0]) as src, open(part, 'wb') as dst:
+                shutil.copyfileobj(src, dst)
+            os.chmod(part, 0o755)
+            os.rename(part, uv)
+    except (IOError, OSError, zipfile.BadZipfile) as e:
+        raise BuildError('uv {0} could not be put at {1}: {2}'.format(version, uv, e))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return True
 
 
@@ -445,7 +519,7 @@ def deploy_venv(store, req, env):
     remove = [r for r in store.plan_prune(store.kept(history, vid, req.keep)) if r != vid]
     write_lock = given and read_text(req.lock_path) != lock_text
     work = bool(need_build or need_switch or remove or write_lock)
-    result['uv_installed'] = ensure_uv(req.uv, req.python, req.uv_version, req.uv_find_links, req.check)
+    result['uv_installed'] = ensure_uv(req.uv, req.uv_version, req.uv_find_links, req.check)
     result.update(changed=work or result['uv_installed'], built=need_build, switched=need_switch, removed=remove,
                   lock_written=bool(write_lock))
     report = None

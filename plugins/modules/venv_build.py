@@ -67,11 +67,15 @@ options:
     default: uv
   uv_version:
     description:
-      - Install uv of this version where O(uv) is missing, in its own venv made with O(python), so that O(uv) is
-        C(<dir>/<version>/bin/uv). Nothing is installed when O(uv) exists.
+      - Put uv of this version at O(uv) (C(<dir>/<version>/bin/uv)) where it is missing, unpacked from its wheel
+        (checked against the index's sha256), so that neither pip nor ensurepip is needed (PVE's debian-12-standard
+        template has python3 but not python3-venv). Nothing is installed when O(uv) exists.
+      - The wheel comes from the index the environment names (E(UV_DEFAULT_INDEX), E(UV_INDEX_URL) or
+        E(PIP_INDEX_URL), else PyPI), through its proxy, with E(SSL_CERT_FILE) as the CA bundle; or from
+        O(uv_find_links).
     type: str
   uv_find_links:
-    description: Install uv from this wheelhouse alone (offline), not from the package index.
+    description: Take uv's wheel from this wheelhouse alone (offline), not from the package index.
     type: path
   audit:
     description:

@@ -9,6 +9,8 @@ import subprocess
 import pytest
 
 from conftest import ONE_STORE, ROOT, Pve, _api, site
+from gpufleet.lab.layout import UV_PIN
+from gpufleet.lab.testing import Index
 from fakewheels import wheel
 from test_gpu_container_role import entry
 
@@ -75,6 +77,23 @@ def test_build_then_nothing_to_do(built, tmp_path, lab):
     (first,) = task(built, 'venv-a', 'audit the active venv and repair it')
     (second,) = task(again, 'venv-a', 'audit the active venv and repair it')
     assert first['uv_installed'] and not second['uv_installed'] and second['audit']['healthy']
+
+
+def test_uv_comes_from_the_index_in_a_container_without_ensurepip(built, tmp_path, lab):
+    # as PVE's debian-12-standard template: python3, but no python3-venv (ensurepip), so no pip to install uv with
+    assert sh('python3 -c "import ensurepip"').returncode != 0 and sh('python3 -m pip --version').returncode != 0
+    index = Index(lab.wheelhouse, str(tmp_path / 'index'), host='10.77.0.1')  # the node, as the container sees it
+    try:
+        online = venv_site(tmp_path, torch_venv_offline=False, torch_venv_uv_dir='/opt/gpufleet/uv-online',
+                           torch_venv_environment={'PIP_INDEX_URL': index.url})
+    finally:
+        index.stop()
+    assert online.rc == 0, online.stdout[-3000:]
+    (build,) = task(online, 'venv-a', 'audit the active venv and repair it')
+    assert build['uv_installed'] and not build['built'] and build['audit']['healthy']
+    assert [w.split('-')[0] for w in index.wheels] == ['uv']  # uv's wheel alone; the venv was there already
+    version = sh('/opt/gpufleet/uv-online/{0}/bin/uv --version'.format(UV_PIN.split('==')[1]))
+    assert version.returncode == 0 and version.stdout.split()[1] == UV_PIN.split('==')[1]
 
 
 def test_drift_reported_in_check_mode_then_repaired(built, tmp_path):

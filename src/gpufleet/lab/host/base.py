@@ -10,7 +10,10 @@ from ..layout import TORCH_PIN, UNPRIV_BASE, UNPRIV_RANGE, UV_PIN
 from ._util import _read, sh
 
 
-BASE_PACKAGES = ('systemd-sysv', 'python3', 'python3-venv', 'ca-certificates', 'iproute2', 'procps')
+# What the containers' base holds, as PVE's debian-12-standard template does in what matters here: python3 but not
+# python3-venv (ensurepip, priority optional; the template is dab's required, important and standard priorities:
+# proxmox/dab DAB.pm) and no compiler.
+BASE_PACKAGES = ('systemd-sysv', 'python3', 'ca-certificates', 'iproute2', 'procps')
 
 
 BASE_STAMP = 'bookworm minbase ' + ' '.join(BASE_PACKAGES)
