@@ -193,14 +193,59 @@ def bundle_stale(path, wanted):
     return stale
 
 
+def installed_versions(lib_dirs):
+    """The versions of the libcuda.so.<version> files in lib_dirs (the userspace drivers installed), sorted."""
+    found = set()
+    for d in lib_dirs:
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            m = re.match(r'^libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$', name)
+            if m and os.path.isfile(os.path.join(d, name)):
+                found.add(m.group(1))
+    return sorted(found)
+
+
+def bundle_intact(path, version, libs):
+    """The bundle at path holds the driver of version as gathered: each library's file and soname link of libs
+    that it has, libcuda among them (its sources may be gone: the driver was upgraded since)."""
+    lib = os.path.join(path, 'lib')
+    if not os.path.isfile(os.path.join(lib, 'libcuda.so.{0}'.format(version))):
+        return False
+    for name, soname in libs.items():
+        filename = '{0}.so.{1}'.format(name, version)
+        if soname and os.path.isfile(os.path.join(lib, filename)) and os.path.realpath(
+                os.path.join(lib, soname)) != os.path.realpath(os.path.join(lib, filename)):
+            return False
+    return True
+
+
 def bundle_findings(path, version, **files):
     """A bundle_stale finding where the bundle at path is not what the node's driver of version makes of it
-    (files: the options of bundle_files), or where that driver has no libcuda to gather."""
+    (files: the options of bundle_files), or where that driver has no libcuda to gather. A node whose userspace
+    driver was upgraded but which still runs the old kernel module (not rebooted) has no libcuda.so.<loaded
+    version>: where its bundle of the loaded version is intact, it keeps serving the containers and the finding
+    is driver_not_rebooted, which asks for nothing to be gathered; else bundle_stale, saying the same."""
     try:
         stale = bundle_stale(path, bundle_files(version, **files))
     except BundleError as e:
-        return [{'code': 'bundle_stale', 'path': path, 'fix': 'install the userspace driver of the loaded module',
-                 'msg': str(e)}]
+        installed = [v for v in installed_versions(files.get('lib_dirs') or []) if v != version]
+        if not installed:
+            return [{'code': 'bundle_stale', 'path': path, 'fix': 'install the userspace driver of the loaded module',
+                     'msg': str(e)}]
+        upgraded = ('the node runs the NVIDIA kernel module {0} but its userspace driver is {1} (upgraded without '
+                    'a reboot)'.format(version, ', '.join(installed)))
+        if bundle_intact(path, version, files.get('libs') or {}):
+            return [{'code': 'driver_not_rebooted', 'path': path, 'installed': installed,
+                     'fix': 'reboot the node (or reload the nvidia modules) to run {0}'.format(installed[-1]),
+                     'msg': '{0}: its containers keep the bundle of {1} gathered before ({2}) until the node '
+                            'is rebooted'.format(upgraded, version, path)}]
+        return [{'code': 'bundle_stale', 'path': path, 'installed': installed,
+                 'fix': 'reboot the node (or reload the nvidia modules) to run {0}'.format(installed[-1]),
+                 'msg': '{0}, and no bundle of {1} was gathered before: containers cannot get a driver that matches '
+                        'the module until the node is rebooted'.format(upgraded, version)}]
     if not stale:
         return []
     return [{'code': 'bundle_stale', 'path': path, 'fix': 'gather it again (driver_bundle)',

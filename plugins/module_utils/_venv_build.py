@@ -151,9 +151,9 @@ def fetch_uv_wheel(index, version, dest, timeout=600, env=None):
                  for h in re.findall(r'href="([^"]+)"', html.replace('&amp;', '&')))
     name = uv_wheel(links, version)
     if not name:
-        raise BuildError('the index {0} has no uv {1} wheel for {2} (manylinux)'.format(index, version,
-                                                                                      platform.machine()))
-    url, _, fragment = links[name].partition('#')
+        raise BuildError('the index {0} has no uv {1} wheel for {2} (manylinux)'.format(
+            index, version, platform.machine()))
+    url, fragment = (links[name].split('#', 1) + [''])[:2]
     try:
         data = urlopen(url, timeout=timeout, context=context).read()
     except (IOError, OSError, ValueError) as e:

@@ -22,6 +22,10 @@ description:
     that lacks a file, holds another copy of one or lacks a soname link (C(bundle_stale), with its C(path));
     a bundle is current when each file has its source's size and mtime (read by stat alone, as rsync
     does), so that a role gathers it only when it is not.
+  - A node whose userspace driver was upgraded but which still runs the old kernel module (not rebooted) has no
+    libraries of the loaded version to gather. Where its bundle of that version is intact, that bundle keeps
+    serving and the finding is C(driver_not_rebooted) (with C(installed), the versions on disk), else
+    C(bundle_stale) saying the same.
   - Changes nothing. Uses only the Python standard library.
 author:
   - gpufleet maintainers (@gpufleet)

@@ -227,3 +227,24 @@ def test_gpu_node_remakes_a_missing_uvm_node(tmp_path, lab):
     finally:
         if not os.path.exists('/dev/nvidia-uvm-tools'):
             os.mknod('/dev/nvidia-uvm-tools', 0o666 | 0o020000, os.makedev(uvm, 1))
+            os.chmod('/dev/nvidia-uvm-tools', 0o666)  # mknod's mode passes through the umask
+
+
+def test_after_a_node_reboot_its_boot_unit_makes_the_nodes_before_the_containers_start(tmp_path, pve, lab):
+    from gpufleet.lab import manager
+    fleet = [entry(316, 'boot-gpu', [2, 3]), entry(317, 'boot-cpu', [])]  # onboot, as gpu_container's defaults
+    pve.made.extend([316, 317])
+    first = site(tmp_path, fleet)
+    assert first.rc == 0, first.stdout[-4000:]
+    wants = lab.path('node', 'etc', 'systemd', 'system', 'multi-user.target.wants', 'gpufleet-nvidia-nodes.service')
+    assert os.path.exists(wants)  # enabled, as systemctl enable leaves it
+    uvm = lab.record()['gpus']['uvm_major']
+    done = manager.reboot_node(lab, say=lambda msg: None)
+    # the device nodes went with the reboot and nvidia-uvm came back on another major; the unit made them again
+    assert done['uvm_major'] != uvm
+    code, out = done['units']['gpufleet-nvidia-nodes.service']
+    assert code == 0 and 'made /dev/nvidia-uvm ({0}:0)'.format(done['uvm_major']) in out and 'made /dev/nvidia3' in out
+    assert sorted((s['vmid'], s['exitstatus']) for s in done['started']) == [(316, 'OK'), (317, 'OK')]
+    assert devices_seen(316) == dict(CONTROL, **{'/dev/nvidia2': 'ENXIO', '/dev/nvidia3': 'ENXIO'})
+    again = site(tmp_path, fleet)
+    assert again.rc == 0 and all(s['changed'] == 0 for s in again.stats.values()), again.stats

@@ -173,3 +173,38 @@ def test_bundle_currency_is_discovered(play, lab, tmp_path):
                                                   'bundle': {'lib_dirs': ['/x'], 'libs': {'libcuda': 'libcuda.so.1'}}},
                  'ignore_errors': True}], hosts='pve1').task(0, 'pve1')
     assert bad['failed'] and bad['msg'] == 'bundle: missing required arguments: dest'
+
+
+def test_a_debian_node_and_a_driver_upgraded_without_a_reboot(play, lab, tmp_path):
+    """Debian's driver packages keep the libraries in /usr/lib/x86_64-linux-gnu/nvidia/current (the role's default
+    lib_dirs start there). After an upgrade of the userspace driver without a reboot, the node has no
+    libcuda.so.<loaded version>: with the bundle gathered before intact, discovery says so plainly and asks for
+    nothing to be gathered; without one, the bundle is stale with the same words."""
+    import shutil
+    lib = tmp_path / 'usr' / 'lib' / 'x86_64-linux-gnu'
+    current = lib / 'nvidia' / 'current'
+    current.mkdir(parents=True)
+    for name in os.listdir(lab.path('driver', 'lib')):
+        shutil.copy2(lab.path('driver', 'lib', name), str(current / name))
+    (lib / 'libcuda.so.1').symlink_to('nvidia/current/libcuda.so.1')  # Debian's alternatives, in short
+    files = {'dest': str(tmp_path / 'bundle'), 'lib_dirs': [str(current), str(lib)],
+             'bin_dirs': ['{{ gpufleet_lab_dir }}/driver/bin'],
+             'libs': {'libcuda': 'libcuda.so.1', 'libnvidia-ml': 'libnvidia-ml.so.1'}}
+    bundle = os.path.join(files['dest'], '580.95.05')
+    gathered = play([{'gpufleet.proxmox.driver_bundle': dict(files, version='580.95.05')}], hosts='pve1').task(0, 'pve1')
+    assert not gathered.get('failed') and 'lib/libcuda.so.580.95.05' in gathered['files'], gathered
+    assert discover(play, bundle=files)['findings'] == []
+    # apt upgraded the userspace driver; the loaded module is still 580.95.05
+    for name in os.listdir(str(current)):
+        os.rename(str(current / name), str(current / name.replace('580.95.05', '590.48.01')))
+    found = [f for f in discover(play, bundle=files)['findings'] if f['path'] == bundle]
+    assert [f['code'] for f in found] == ['driver_not_rebooted'] and found[0]['installed'] == ['590.48.01']
+    assert found[0]['msg'] == (
+        'the node runs the NVIDIA kernel module 580.95.05 but its userspace driver is 590.48.01 (upgraded without '
+        'a reboot): its containers keep the bundle of 580.95.05 gathered before ({0}) until the node is '
+        'rebooted'.format(bundle))
+    assert found[0]['fix'] == 'reboot the node (or reload the nvidia modules) to run 590.48.01'
+    # no bundle gathered before: nothing can serve the containers
+    fresh = dict(files, dest=str(tmp_path / 'none'))
+    (stale,) = [f for f in discover(play, bundle=fresh)['findings'] if f['code'] == 'bundle_stale']
+    assert 'upgraded without a reboot' in stale['msg'] and 'no bundle of 580.95.05 was gathered before' in stale['msg']

@@ -236,3 +236,33 @@ def test_api_state_survives_a_daemon_restart(lab, pve, control):
     assert agree(control, 948) == ('running', 'running')
     assert pve.ct(948).config.get()['cores'] == 2
 
+
+
+def test_a_node_reboot_takes_the_device_nodes_and_onboot_containers_fail_without_them(lab, pve, control):
+    """What a real node does: after a reboot no NVIDIA device node exists until something makes it (the driver
+    does not; nvidia-modprobe or udev does) and nvidia-uvm has another major, so an onboot container that passes
+    a GPU through fails to start, one without starts, and one without onboot stays down."""
+    pve.create(948, onboot=1, dev0='/dev/nvidia1')
+    pve.create(949, onboot=1, startup='order=1')
+    pve.create(950)
+    for vmid in (948, 949, 950):
+        pve.start(vmid)
+    uvm = lab.record()['gpus']['uvm_major']
+    wants = lab.path('node', 'etc', 'systemd', 'system', 'multi-user.target.wants')
+    aside = wants + '.aside'
+    if os.path.isdir(wants):
+        os.rename(wants, aside)  # this node has no boot unit of the collection's
+    try:
+        done = manager.reboot_node(lab, say=lambda msg: None)
+    finally:
+        if os.path.isdir(aside):
+            os.rename(aside, wants)
+        manager.up(lab, say=lambda msg: None)  # the lab's own stand-ins back, as they were made at its first boot
+    assert done['uvm_major'] != uvm and done['units'] == {}
+    assert [s['vmid'] for s in done['started']] == [949, 948]  # startup order first, then by vmid
+    started = dict((s['vmid'], s['exitstatus']) for s in done['started'])
+    assert started[949] == 'OK' and 'Device /dev/nvidia1 does not exist' in started[948]
+    assert [agree(control, v) for v in (948, 949, 950)] == [('stopped', 'stopped'), ('running', 'running'),
+                                                             ('stopped', 'stopped')]
+    with open(os.path.join(lab.proc_dir, 'devices')) as fh:
+        assert '{0} nvidia-uvm'.format(done['uvm_major']) in fh.read()

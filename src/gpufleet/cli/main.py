@@ -8,6 +8,8 @@
     gpufleet lab up        bring the local Proxmox lab node up (idempotent)
     gpufleet lab status    the lab's services and its containers, API and LXC side by side
     gpufleet lab reset     destroy every lab container; the lab stays up
+    gpufleet lab reboot-node [NODE]   reboot the lab node: containers stop, the NVIDIA device nodes go (uvm's
+                           major changes), the node's boot units run, onboot containers start
     gpufleet lab down      take the lab away, leaving nothing behind
     gpufleet profile lock DIR [--find-links WHEELHOUSE]   regenerate a venv profile's hash-locked lock
     gpufleet profile check DIR                            a profile's input and lock agree
@@ -31,6 +33,14 @@ def lab_command(args):
             return 0
         elif args.action == 'reset':
             st = manager.reset(say=say)
+        elif args.action == 'reboot-node':
+            lab = manager.Lab()
+            if args.node not in (None, lab.node):
+                raise LabError('the lab has one node, {0}, not {1}'.format(lab.node, args.node))
+            done = manager.reboot_node(lab, say=say)
+            st = manager.status(lab)
+            if args.json:
+                st['reboot'] = done
         else:
             st = manager.status()
     except LabError as e:
@@ -56,7 +66,8 @@ def build_parser():
     from . import fleet
     fleet.add_parsers(sub)
     lab = sub.add_parser('lab', help='the local Proxmox lab node')
-    lab.add_argument('action', choices=('up', 'down', 'status', 'reset'))
+    lab.add_argument('action', choices=('up', 'down', 'status', 'reset', 'reboot-node'))
+    lab.add_argument('node', nargs='?', help='reboot-node: the node (the lab has one)')
     lab.add_argument('--json', action='store_true', help='print the status as JSON')
     lab.set_defaults(func=lab_command)
     profile = sub.add_parser('profile', help="a venv profile's lock")

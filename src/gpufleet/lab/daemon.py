@@ -260,8 +260,35 @@ class LabPve(FakePve):
         r.add_get('/state', self._c_state)
         r.add_post('/version', self._c_version)
         r.add_post('/status_lag', self._c_status_lag)
+        r.add_post('/node', self._c_node)
         r.add_post('/tfa', self._c_tfa)
         return app
+
+    async def _c_node(self, request):
+        """{phase}: down - the node goes down, every container with it; up - the node is back: the containers with
+        onboot start in their startup order, then by vmid, each in a vzstart task of its own, as pve-guests.service
+        starts them (pve-manager PVE/API2/Nodes.pm startall, get_start_stop_list: onboot guests sorted by their
+        startup order). Returns [{vmid, upid, exitstatus}] for up."""
+        phase = (await request.json())['phase']
+        loop = asyncio.get_running_loop()
+        if phase == 'down':
+            for ct in self.cts:
+                async with self._ct_lock(ct.vmid):
+                    await loop.run_in_executor(None, self.backend.stop, ct.vmid)
+                ct.status, ct.pid = 'stopped', None
+            self.note_status()
+            self.save()
+            return web.json_response(True)
+
+        def order(ct):
+            startup = lxcconf.split_props(ct.config.get('startup') or '', 'order') if ct.config.get('startup') else {}
+            return (int(startup['order']) if str(startup.get('order', '')).isdigit() else 1 << 30, ct.vmid)
+        started = []
+        for ct in sorted((c for c in self.cts if str(c.config.get('onboot', 0)) in ('1', 'True', 'true')), key=order):
+            upid = await self._lxc_start('root@pam', {'node': ct.node, 'vmid': ct.vmid})
+            record = self.tasks.get(upid) or {}
+            started.append({'vmid': ct.vmid, 'upid': upid, 'exitstatus': record.get('exitstatus')})
+        return web.json_response(started)
 
     async def _c_status_lag(self, request):
         """{seconds}: how far /cluster/resources' status lags behind the containers' (0: not at all)."""

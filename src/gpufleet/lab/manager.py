@@ -1,8 +1,11 @@
-"""`gpufleet lab up | down | status | reset`."""
+"""`gpufleet lab up | down | status | reset | reboot-node`."""
 
+import glob
 import json
 import os
+import shlex
 import shutil
+import subprocess
 import time
 
 from . import host
@@ -74,6 +77,43 @@ def reset(lab=None, say=print):
     host.remove_lxc_cgroups()
     say('lab reset: no containers')
     return up(lab, say)
+
+
+def run_boot_units(lab):
+    """The node's own boot: each unit enabled under the lab node's /etc/systemd/system (multi-user.target.wants, in
+    name order) run as systemd would, before pve-guests starts the onboot containers; {unit: [exit code, output]}."""
+    wants = lab.path('node', 'etc', 'systemd', 'system', 'multi-user.target.wants')
+    ran = {}
+    for unit in sorted(glob.glob(os.path.join(wants, '*.service'))):
+        with open(unit) as fh:
+            commands = [line.split('=', 1)[1].strip() for line in fh if line.startswith('ExecStart=')]
+        for command in commands:
+            out = subprocess.run(shlex.split(command.lstrip('-')), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, timeout=120, check=False)
+            ran[os.path.basename(unit)] = [out.returncode, out.stdout.strip()]
+    return ran
+
+
+def reboot_node(lab=None, say=print):
+    """The node reboots, as its containers and GPUs see it: every container stops; the NVIDIA device nodes are gone
+    and nvidia-uvm comes back on another major; the node's boot units run; then the containers with onboot start
+    as pve-guests starts them, each failing where a device it passes through is missing. Returns {uvm_major,
+    units, started: [{vmid, exitstatus}]}."""
+    lab = lab or Lab()
+    record = lab.record()
+    control = Control(lab)
+    control.call('POST', '/node', {'phase': 'down'})
+    try:
+        uvm = host.lose_gpu_nodes(lab, record)
+    finally:
+        lab.save_record(record)
+    units = run_boot_units(lab)
+    started = control.call('POST', '/node', {'phase': 'up'})
+    for unit, (code, out) in sorted(units.items()):
+        say('boot: {0} exited {1}{2}'.format(unit, code, ': ' + out.splitlines()[-1] if out else ''))
+    for item in started:
+        say('onboot CT {0}: {1}'.format(item['vmid'], item['exitstatus']))
+    return {'uvm_major': uvm, 'units': units, 'started': started}
 
 
 def status(lab=None):

@@ -13,10 +13,10 @@ def real_nvidia(dev_dir):
     return bool(glob.glob(os.path.join(dev_dir, 'nvidia[0-9]*'))) or os.path.exists('/proc/driver/nvidia/version')
 
 
-def free_dynamic_major():
-    """A character major that /proc/devices does not list, from the top of the dynamic range down,
+def free_dynamic_major(exclude=()):
+    """A character major that /proc/devices does not list (nor exclude), from the top of the dynamic range down,
     the way the kernel hands one to nvidia-uvm."""
-    used = set()
+    used = set(exclude)
     with open('/proc/devices') as fh:
         for line in fh:
             if line.startswith('Block'):
@@ -95,6 +95,19 @@ def write_proc(lab, uvm_major):
     smi = lab.path('driver', 'bin', 'nvidia-smi')
     _write(smi, NVIDIA_SMI.format(version=DRIVER_VERSION, count=lab.gpus).encode(), 0o755)
     build_driver_libs(lab.path('driver', 'lib'), DRIVER_VERSION)
+    # /proc/driver/nvidia/gpus/<bus>/information: where the driver says each GPU's device minor (/dev/nvidiaN)
+    gpus_dir = os.path.join(lab.proc_dir, 'driver', 'nvidia', 'gpus')
+    for i in range(lab.gpus):
+        bus = '0000:{0:02x}:00.0'.format(0x18 + i * 0x10)
+        os.makedirs(os.path.join(gpus_dir, bus), exist_ok=True)
+        with open(os.path.join(gpus_dir, bus, 'information'), 'w') as fh:
+            fh.write('Model: \t\t NVIDIA H100 80GB HBM3 (lab stand-in)\nGPU UUID: \t GPU-1ab0c0de-0000-4000-8000-{0:012d}\n'
+                     'Bus Type: \t PCIe\nBus Location: \t {1}\nDevice Minor: \t {2}\nGPU Excluded:\t No\n'.format(
+                         i, bus, i))
+    with open(os.path.join(lab.proc_dir, 'modules'), 'w') as fh:
+        fh.write('nvidia_uvm 1966080 0 - Live 0x0000000000000000 (PO)\n'
+                 'nvidia_modeset 1568768 0 - Live 0x0000000000000000 (PO)\n'
+                 'nvidia 104071168 2 nvidia_uvm,nvidia_modeset, Live 0x0000000000000000 (PO)\n')
     with open(os.path.join(lab.proc_dir, 'driver', 'nvidia', 'version'), 'w') as fh:
         fh.write('NVRM version: NVIDIA UNIX x86_64 Kernel Module  {0}  Tue Sep 30 12:00:00 UTC 2025\n'
                  'GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n'.format(DRIVER_VERSION))
@@ -117,6 +130,25 @@ def build_driver_libs(directory, version):
         if not os.path.exists(target):
             sh(['gcc', '-shared', '-fPIC', '-Wl,-soname,' + soname, '-o', target, src])
     os.unlink(src)
+
+
+def lose_gpu_nodes(lab, record):
+    """What a reboot does to the stand-ins: the device nodes are gone (/dev is a fresh devtmpfs, and the NVIDIA
+    driver makes none when it loads: nvidia-modprobe or udev does), and nvidia-uvm loads on another major (the
+    kernel's pick). Returns the new major."""
+    gpus = record.get('gpus') or {}
+    if gpus.get('real'):
+        raise LabError('the lab uses real NVIDIA device nodes here; it does not reboot them')
+    for path, _major, _minor in gpus.get('nodes', []):
+        if os.path.lexists(path):
+            os.unlink(path)
+    uvm = free_dynamic_major(exclude=[gpus['uvm_major']])
+    for node in gpus['nodes']:
+        if node[1] == gpus['uvm_major']:
+            node[1] = uvm
+    gpus['uvm_major'] = uvm
+    write_proc(lab, uvm)
+    return uvm
 
 
 def remove_gpus(record):
