@@ -47,6 +47,34 @@ def nvidia_smi(executable):
     return gpus
 
 
+def bus_id(text):
+    """A PCI bus id as the driver's /proc writes it ('0000:18:00.0'), from nvidia-smi's form ('00000000:18:00.0')."""
+    parts = str(text).strip().lower().split(':')
+    if len(parts) == 3:
+        parts[0] = parts[0][-4:].rjust(4, '0')
+    return ':'.join(parts)
+
+
+def driver_minors(proc_root='/proc'):
+    """{PCI bus id: device minor} as the driver reports each GPU (/proc/driver/nvidia/gpus/<bus>/information,
+    'Device Minor'): a GPU's /dev/nvidiaN is its minor, which need not be its nvidia-smi (and CUDA) index."""
+    out = {}
+    base = os.path.join(proc_root, 'driver', 'nvidia', 'gpus')
+    try:
+        buses = os.listdir(base)
+    except OSError:
+        return out
+    for bus in buses:
+        try:
+            with open(os.path.join(base, bus, 'information')) as fh:
+                m = re.search(r'^Device Minor:\s*(\d+)', fh.read(), re.M)
+        except (IOError, OSError):
+            continue
+        if m:
+            out[bus_id(bus)] = int(m.group(1))
+    return out
+
+
 def find_program(name, explicit=None):
     """explicit, else the first `name` on PATH or in the usual program directories; None where there is none."""
     if explicit:
@@ -107,15 +135,21 @@ def discover(dev_dir='/dev', proc_root='/proc', smi=None, persistenced=None, sha
                     dev_dir, name, info['major'], info['minor'], uvm_major)})
     listed = nvidia_smi(smi) if smi else None
     if listed is not None:
-        by_index = dict((g['index'], g) for g in listed)
+        # nvidia-smi's index (the one operators and CUDA count by) to the device minor (/dev/nvidiaN) through the
+        # PCI bus id, where the driver reports the minors; else the index is taken for the minor
+        minors = driver_minors(proc_root)
+        by_minor = dict((minors.get(bus_id(g['pci_bus_id']), g['index']), g) for g in listed)
         for gpu in gpus:
-            extra = by_index.get(gpu['index'])
+            extra = by_minor.get(gpu['minor'])
             if extra:
-                gpu.update(pci_bus_id=extra['pci_bus_id'], uuid=extra['uuid'], name=extra['name'])
-        missing = sorted(set(by_index) - set(g['index'] for g in gpus))
+                gpu.update(index=extra['index'], pci_bus_id=extra['pci_bus_id'], uuid=extra['uuid'],
+                           name=extra['name'])
+        gpus.sort(key=lambda g: g['index'])
+        missing = sorted((m, g['index']) for m, g in by_minor.items() if m not in set(g['minor'] for g in gpus))
         if missing:
-            findings.append({'code': 'gpu_nodes_missing', 'fix': 'nvidia-modprobe -c {0}'.format(missing[0]),
-                             'msg': 'nvidia-smi lists GPU(s) {0} without a /dev/nvidiaN node'.format(missing)})
+            findings.append({'code': 'gpu_nodes_missing', 'fix': 'nvidia-modprobe -c {0}'.format(missing[0][0]),
+                             'msg': 'nvidia-smi lists GPU(s) {0} without their /dev/nvidiaN node ({1})'.format(
+                                 [i for _m, i in missing], ', '.join('/dev/nvidia{0}'.format(m) for m, _i in missing))})
     findings.extend(share_findings(shares))
     gathered = None
     if bundle and version:

@@ -32,13 +32,15 @@ PASSTHROUGH_CONTROL = ('/dev/nvidiactl', '/dev/nvidia-uvm', '/dev/nvidia-uvm-too
 OPTIONAL_CONTROL = ('nvidia-uvm-tools', 'nvidia-modeset')
 
 
-def passthrough_paths(gpus, present=None):
+def passthrough_paths(gpus, present=None, minors=None):
     """The device nodes a container with these GPU indexes needs: its /dev/nvidiaN, then the control nodes (none
     without GPUs); present: the names of the control nodes the node has (None where unknown), without which the
-    optional ones are left out."""
+    optional ones are left out; minors: {GPU index: its device minor}, which names its /dev/nvidiaN (the index
+    where the minor is not known)."""
     if not gpus:
         return []
-    return ['/dev/nvidia{0}'.format(g) for g in gpus] + [
+    minors = minors or {}
+    return ['/dev/nvidia{0}'.format(minors.get(g, g)) for g in gpus] + [
         p for p in PASSTHROUGH_CONTROL
         if present is None or p[len('/dev/'):] not in OPTIONAL_CONTROL or p[len('/dev/'):] in present]
 

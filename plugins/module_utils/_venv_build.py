@@ -133,19 +133,20 @@ def uv_index(env=None):
 def fetch_uv_wheel(index, version, dest, timeout=600, env=None):
     """Download the uv wheel of this version from a PEP 503 index into dest, checked against the sha256 the index
     gives; its path. Through the environment's proxy, with SSL_CERT_FILE (or PIP_CERT) as the CA bundle."""
-    import ssl
     try:
         from urllib.parse import unquote, urljoin, urlsplit
-        from urllib.request import urlopen
     except ImportError:  # pragma: no cover - Python 2
         raise BuildError('installing uv needs Python 3')
+    from ansible.module_utils.urls import ConnectionError as UrlError, open_url
     env = os.environ if env is None else env
     cafile = env.get('SSL_CERT_FILE') or env.get('PIP_CERT') or None
-    context = ssl.create_default_context(cafile=cafile)
+
+    def get(url):
+        return open_url(url, timeout=timeout, ca_path=cafile, http_agent='gpufleet venv_build').read()
     page = index.rstrip('/') + '/uv/'
     try:
-        html = urlopen(page, timeout=timeout, context=context).read().decode('utf-8', 'replace')
-    except (IOError, OSError, ValueError) as e:
+        html = get(page).decode('utf-8', 'replace')
+    except (IOError, OSError, ValueError, UrlError) as e:
         raise BuildError('uv {0} could not be fetched: reading {1} failed: {2}'.format(version, page, e))
     links = dict((unquote(urlsplit(urljoin(page, h)).path.rsplit('/', 1)[-1]), urljoin(page, h))
                  for h in re.findall(r'href="([^"]+)"', html.replace('&amp;', '&')))
@@ -155,8 +156,8 @@ def fetch_uv_wheel(index, version, dest, timeout=600, env=None):
             index, version, platform.machine()))
     url, fragment = (links[name].split('#', 1) + [''])[:2]
     try:
-        data = urlopen(url, timeout=timeout, context=context).read()
-    except (IOError, OSError, ValueError) as e:
+        data = get(url)
+    except (IOError, OSError, ValueError, UrlError) as e:
         raise BuildError('uv {0} could not be fetched from {1}: {2}'.format(version, url, e))
     want = fragment[len('sha256='):] if fragment.startswith('sha256=') else None
     if want and hashlib.sha256(data).hexdigest() != want:

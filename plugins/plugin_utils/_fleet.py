@@ -237,7 +237,7 @@ def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, pas
     return out
 
 
-def gpu_nodes(entry, node_gpus, mode=GPU_MODE, gid=None, control=None):
+def gpu_nodes(entry, node_gpus, mode=GPU_MODE, gid=None, control=None, minors=None):
     """The device nodes a container's GPUs need: its /dev/nvidiaN, then the control nodes (none without GPUs; the
     optional ones only where the node has them, control being the names it has or None), each with the mode (and
     group) the container's users open them with: the entry's gpu_mode/gpu_gid over the fleet's."""
@@ -245,7 +245,8 @@ def gpu_nodes(entry, node_gpus, mode=GPU_MODE, gid=None, control=None):
     gid = entry.get('gpu_gid', gid)
     if gid is not None:
         access['gid'] = gid
-    return [dict(access, path=p) for p in _nvidia_devices.passthrough_paths(gpu_list(entry, node_gpus), control)]
+    paths = _nvidia_devices.passthrough_paths(gpu_list(entry, node_gpus), control, minors)
+    return [dict(access, path=p) for p in paths]
 
 
 def raw_lines(devices, majors):
@@ -267,10 +268,11 @@ def share_mount(share):
 
 
 def specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None, shares=None, gpu_mode=GPU_MODE, gpu_gid=None,
-          control=None):
+          node_devices=None):
     """One lxc_container entry per container: the fleet's values over the role's defaults.
 
-    control: {node: names of the NVIDIA control nodes it has} where known (the optional ones go only where they are).
+    node_devices: {node: {control: names of the NVIDIA control nodes it has (the optional ones go only where they
+    are), minors: {GPU index: device minor}}}, where known.
     driver_mount: {node: mount string} binding that node's driver bundle into its GPU containers.
     shares: {node: [{path, mp, read_only}]} node directories bound into all its containers.
     Both take the highest free mpN keys, in that order, so the user's own mounts keep theirs.
@@ -306,18 +308,20 @@ def specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None, shares=
             spec['mounts'] = mounts
         # With raw passthrough the GPUs go in as lxc.* lines (raw()), not as devN.
         extra = list(entry.get('devices') or [])
+        seen = (node_devices or {}).get(node) or {}
         spec['devices'] = extra if passthrough == 'raw' else gpu_nodes(
-            entry, nodes.get(node), gpu_mode, gpu_gid, (control or {}).get(node)) + extra
+            entry, nodes.get(node), gpu_mode, gpu_gid, seen.get('control'), seen.get('minors')) + extra
         out.append(spec)
     return out
 
 
-def raw(fleet, nodes, majors):
-    """{vmid: [raw lxc lines]} for GPU passthrough without devN; majors: {node: {name: major}}."""
+def raw(fleet, nodes, majors, minors=None):
+    """{vmid: [raw lxc lines]} for GPU passthrough without devN; majors: {node: {name: major}}, minors: {node: {GPU
+    index: device minor}}."""
     out = {}
     for entry in fleet:
         node = entry['node']
-        devs = gpu_nodes(entry, nodes.get(node))
+        devs = gpu_nodes(entry, nodes.get(node), minors=(minors or {}).get(node))
         if devs:
             out[entry['vmid']] = raw_lines(devs, (majors or {}).get(node) or {})
     return out
@@ -367,7 +371,8 @@ class Fleet(object):
             (name, '{0},mp={1},ro=1'.format(node['driver'], driver_mount)) for name, node in self.nodes.items()
             if driver_mount and node.get('driver'))
         self.shares = dict((name, node.get('shares') or []) for name, node in self.nodes.items())
-        self.control = dict((name, node.get('control')) for name, node in self.nodes.items())
+        self.node_devices = dict((name, {'control': node.get('control'), 'minors': node.get('minors') or {}})
+                                 for name, node in self.nodes.items())
 
     @staticmethod
     def root_login(api):
@@ -394,7 +399,7 @@ class Fleet(object):
     def expand(self, mode):
         """One lxc_container entry per container, for passthrough mode devn or raw, with the override on top."""
         out = specs(self.containers, self.gpus, self.defaults, mode, self.driver_mounts, self.shares, self.gpu_mode,
-                    self.gpu_gid, self.control)
+                    self.gpu_gid, self.node_devices)
         return [dict(spec, **self.override) for spec in out]
 
     def mode(self, pve=None):
@@ -416,7 +421,8 @@ class Fleet(object):
         lines = {}
         if mode == 'raw':
             for name, node in self.nodes.items():
-                mine = raw([e for e in self.containers if e.get('node') == name], self.gpus, {name: node.get('majors')})
+                mine = raw([e for e in self.containers if e.get('node') == name], self.gpus, {name: node.get('majors')},
+                           {name: node.get('minors')})
                 if mine:
                     lines[name] = mine
         return {'passthrough': mode, 'wanted': wanted, 'containers': first, 'raw': lines}

@@ -53,6 +53,29 @@ def codes(facts):
     return sorted(f['code'] for f in facts['findings'])
 
 
+def test_a_gpus_node_is_its_device_minor_not_its_index(play, tmp_path):
+    """nvidia-smi counts GPUs in PCI order; the driver gives each its device minor (/dev/nvidiaN) as it probes
+    them and says which in /proc/driver/nvidia/gpus/<bus>/information: the two need not agree."""
+    dev, proc = make_node(tmp_path, [('nvidia0', 195, 0), ('nvidia1', 195, 1), ('nvidiactl', 195, 255),
+                                     ('nvidia-uvm', 509, 0), ('nvidia-uvm-tools', 509, 1)], {'nvidia-uvm': 509})
+    for bus, minor in (('0000:18:00.0', 1), ('0000:3b:00.0', 0), ('0000:5e:00.0', 2)):
+        info = tmp_path / 'proc' / 'driver' / 'nvidia' / 'gpus' / bus / 'information'
+        info.parent.mkdir(parents=True)
+        info.write_text('Model: \t\t NVIDIA H100\nBus Location: \t {0}\nDevice Minor: \t {1}\n'.format(bus, minor))
+    smi = tmp_path / 'nvidia-smi'
+    smi.write_text('#!/bin/sh\necho "0, 00000000:18:00.0, GPU-a, NVIDIA H100"\necho "1, 00000000:3B:00.0, GPU-b, NVIDIA H100"\n'
+                   'echo "2, 00000000:5E:00.0, GPU-c, NVIDIA H100"\n')
+    smi.chmod(0o755)
+    facts = discover(play, dev_dir=dev, proc_root=proc, nvidia_smi=str(smi))
+    assert [(g['index'], g['minor'], g['path'], g['uuid']) for g in facts['gpus']] == [
+        (0, 1, dev + '/nvidia1', 'GPU-a'), (1, 0, dev + '/nvidia0', 'GPU-b')]
+    assert facts['indexes'] == [0, 1]
+    # GPU 2 (minor 2) has no node: the finding names both
+    (missing,) = [f for f in facts['findings'] if f['code'] == 'gpu_nodes_missing']
+    assert missing['msg'] == 'nvidia-smi lists GPU(s) [2] without their /dev/nvidiaN node (/dev/nvidia2)'
+    assert missing['fix'] == 'nvidia-modprobe -c 2'
+
+
 def test_uvm_not_loaded_and_no_driver(play, tmp_path):
     dev, proc = make_node(tmp_path, [('nvidia0', 195, 0), ('nvidiactl', 195, 255)], version=False)
     facts = discover(play, dev_dir=dev, proc_root=proc, nvidia_smi='/nonexistent')

@@ -199,15 +199,22 @@ def test_a_second_factor_is_asked_for_before_anything_changes(play, pve, control
     assert pve.status(986) == 'running'
 
 
-def test_power_states(play, pve):
-    pve.create(967)
-    assert done(play, ct(967, state='started'))['status'] == 'running'
-    assert pve.status(967) == 'running'
-    assert done(play, ct(967, state='started'))['changed'] is False
-    stopped = done(play, ct(967, state='stopped'))
-    assert stopped['changed'] and pve.status(967) == 'stopped'
-    restarted = done(play, ct(967, state='restarted'))
-    assert restarted['changed'] and pve.status(967) == 'running'
+@pytest.mark.parametrize('lag', [0, 30])
+def test_power_states(play, pve, control, lag):
+    # with the cluster list lagging as pvestatd's does, each step sees what the step before it did
+    control.set_status_lag(lag)
+    try:
+        pve.create(967)
+        assert done(play, ct(967, state='started'))['status'] == 'running'
+        assert pve.status(967) == 'running'
+        assert done(play, ct(967, state='started'))['changed'] is False
+        stopped = done(play, ct(967, state='stopped'))
+        assert stopped['changed'] and pve.status(967) == 'stopped'
+        assert done(play, ct(967, state='stopped'))['changed'] is False
+        restarted = done(play, ct(967, state='restarted'))
+        assert restarted['changed'] and pve.status(967) == 'running'
+    finally:
+        control.set_status_lag(0)
 
 
 def test_absent_refuses_a_running_container_without_force(play, pve, control):

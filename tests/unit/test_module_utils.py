@@ -130,6 +130,11 @@ def test_gpu_nodes_get_the_fleets_mode_and_group_unless_the_entry_says():
     bare = {'gpu01': {'indexes': [0, 1], 'control': ['nvidia-uvm', 'nvidiactl']}}
     assert [d['path'] for d in _fleet.Fleet(entries[:1], bare).plan('9.0.3')['wanted'][0]['devices']] == [
         '/dev/nvidia0', '/dev/nvidiactl', '/dev/nvidia-uvm']
+    # a GPU's node is its device minor, which need not be its index
+    swapped = {'gpu01': {'indexes': [0, 1], 'minors': {0: 1, 1: 0}, 'majors': {'nvidia-uvm': 509}}}
+    assert _fleet.Fleet(entries[:1], swapped).plan('9.0.3')['wanted'][0]['devices'][0]['path'] == '/dev/nvidia1'
+    raw = _fleet.Fleet(entries[:1], swapped).plan('8.0.4')['raw']['gpu01'][200]
+    assert 'lxc.cgroup2.devices.allow: c 195:1 rw' in raw and 'lxc.cgroup2.devices.allow: c 195:0 rw' not in raw
     fleet_wide = _fleet.Fleet(entries[:1], nodes, gpu_mode='0660', gpu_gid=1000).plan('9.0.3')['wanted'][0]
     assert fleet_wide['devices'][0] == {'path': '/dev/nvidia0', 'mode': '0660', 'gid': 1000}
     with pytest.raises(_fleet.FleetError) as e:
@@ -148,6 +153,12 @@ def test_raw_lines_replace_only_the_main_sections_lxc_lines():
     assert new.endswith('[snap1]\nlxc.cgroup2.devices.allow: a\n')
     with pytest.raises(_pveconf.RawError, match=r'lxc_raw\[0\]'):
         _pveconf.normalize(['cores: 2'])
+
+
+def test_pci_bus_ids_as_the_driver_writes_them():
+    from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia
+    assert _nvidia.bus_id('00000000:18:00.0') == '0000:18:00.0' == _nvidia.bus_id('0000:18:00.0')
+    assert _nvidia.bus_id('00000001:1A:00.0') == '0001:1a:00.0'
 
 
 def test_raw_lines_are_read_as_pve_reads_them():
