@@ -174,6 +174,24 @@ def test_devn_hotplug_follows_the_pve_version(pve, control, node_ssh):
     assert opens(node_ssh, 947, '/dev/nvidia3') == {'/dev/nvidia3': 'ENXIO'}
 
 
+def test_a_failed_devn_hotplug_fails_the_whole_change_and_writes_nothing(pve, node_ssh):
+    # PVE 9: API2/LXC/Config.pm writes no config when a hotplug failed, and answers 400 with each key's error
+    pve.create(951, cores=1)
+    pve.start(951)
+    assert node_ssh('mknod -m 0666 /dev/gpufleet-lab-951 c 1 3').returncode == 0
+    try:
+        assert pct(node_ssh, 'exec 951 -- mkdir /dev/gpufleet-lab-951').returncode == 0  # in the way, as a directory
+        with pytest.raises(ResourceException) as err:
+            pve.ct(951).config.put(dev0='/dev/gpufleet-lab-951', tags='x')
+    finally:
+        node_ssh('rm -f /dev/gpufleet-lab-951')
+    assert err.value.status_code == 400
+    assert "unable to hotplug dev0: failed to create '/dev/gpufleet-lab-951': Is a directory" in str(err.value.errors)
+    config = pve.ct(951).config.get()
+    assert 'dev0' not in config and 'tags' not in config
+    assert not [p for p in pve.ct(951).pending.get() if 'pending' in p or p.get('delete')]
+
+
 def test_pct_exec_push_pull_and_exit_codes(lab, pve, node_ssh, tmp_path):
     pve.create(945)
     stopped = pct(node_ssh, 'exec 945 -- true')

@@ -67,22 +67,23 @@ class Containers:
     def reconcile(self, vmid, wanted):
         """Make the real container match `wanted` ({status, config}) or remove it (None).
 
-        Returns the keys of a running container that could not be applied live.
+        Returns (the keys of a running container that PVE does not apply live, {key: why} of those whose hotplug
+        failed).
         """
         if wanted is None:
             self.destroy(vmid)
-            return []
+            return [], {}
         config = wanted['config']
         self.ensure(vmid, config)
         real = self.state(vmid)
         if wanted['status'] == 'running':
             if real != 'running':
                 self.start(vmid, config)
-                return []
+                return [], {}
             return self.hotplug(vmid, config)
         if real == 'running':
             self.stop(vmid)
-        return []
+        return [], {}
 
     @staticmethod
     def unprivileged(config):
@@ -132,7 +133,7 @@ class Containers:
                 with open(log) as fh:
                     lines = [line.rstrip() for line in fh if line.strip()][-20:]
             raise BackendError("startup for container '{0}' failed".format(vmid), lines)
-        self._save_applied(vmid, config)
+        self.save_applied(vmid, config)
 
     def stop(self, vmid):
         if self.state(vmid) == 'running':
@@ -154,19 +155,20 @@ class Containers:
         except (OSError, ValueError):
             return {}
 
-    def _save_applied(self, vmid, config):
+    def save_applied(self, vmid, config):
         with open(os.path.join(self.lab.ct_dir(vmid), 'applied.json'), 'w') as fh:
             json.dump(config, fh, sort_keys=True)
 
     def hotplug(self, vmid, config):
-        """Apply to a running container what PVE applies live; return the keys it could not."""
+        """Apply to a running container what PVE applies live: (the keys it does not apply live, {key: why} of those
+        whose hotplug failed, which PVE answers with a 400 writing nothing)."""
         before = self.applied(vmid)
         changed = sorted(k for k in set(config) | set(before) if config.get(k) != before.get(k))
         if not changed:
-            return []
+            return [], {}
         pid = self.pid(vmid)
         owner = self.owner(config)
-        refused = []
+        refused, failed = [], {}
         done = dict(before)
         for key in changed:
             try:
@@ -191,14 +193,14 @@ class Containers:
                     continue
             except (BackendError, lxcconf.ConfigError, OSError) as e:
                 print('lab: CT {0}: cannot apply {1} live: {2}'.format(vmid, key, e), file=sys.stderr, flush=True)
-                refused.append(key)
+                failed[key] = str(e)
                 continue
             if key in config:
                 done[key] = config[key]
             else:
                 done.pop(key, None)
-        self._save_applied(vmid, done)
-        return refused
+        self.save_applied(vmid, done)
+        return refused, failed
 
     def _cgroup_set(self, vmid, name, value):
         key = lxcconf.cgroup_key(name, self.cgroup_v2)[len('lxc.cgroup2.' if self.cgroup_v2 else 'lxc.cgroup.'):]
@@ -209,8 +211,12 @@ class Containers:
         node = self._passthrough(vmid, config, [(key, props)])[key]
         kind, major, minor, _ = lxcconf.device_node(props, self.lab.dev_dir)
         access = 'r' if props.get('deny-write') in ('1', 'true') else 'rw'
+        # the node bound in first, then the cgroup rule (LXC.pm device_passthrough_hotplug)
+        bound = run([sys.executable, '-m', 'gpufleet.lab.inject', str(pid), node, props['path'], '--owner', str(owner)],
+                    check=False)
+        if bound.returncode != 0:
+            raise BackendError(bound.stderr.strip())
         self._cgroup_set(vmid, 'devices.allow', '{0} {1}:{2} {3}'.format(kind, major, minor, access))
-        run([sys.executable, '-m', 'gpufleet.lab.inject', str(pid), node, props['path'], '--owner', str(owner)])
 
     def _hot_mount(self, vmid, pid, owner, key, config):
         props = lxcconf.split_props(config[key], 'volume')

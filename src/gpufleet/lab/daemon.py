@@ -16,6 +16,7 @@ levers: the request log, failure injection and config locks.
 """
 
 import asyncio
+import copy
 import json
 import os
 import re
@@ -164,7 +165,7 @@ class LabPve(FakePve):
         loop = asyncio.get_running_loop()
         async with self._ct_lock(vmid):
             try:
-                refused = await loop.run_in_executor(None, self.backend.reconcile, vmid, wanted)
+                refused, failed = await loop.run_in_executor(None, self.backend.reconcile, vmid, wanted)
             except BackendError:
                 if ct is not None and ct.status == 'running' and self.backend.state(vmid) != 'running':
                     ct.status, ct.pid = 'stopped', None
@@ -179,6 +180,7 @@ class LabPve(FakePve):
                 else:
                     ct.config.pop(key, None)
         self.save()
+        return failed
 
     async def task(self, node, ttype, tid, user, body, vm=None, lock=True, log=()):
         if ttype not in CT_TASKS or not str(tid).isdigit():
@@ -236,14 +238,24 @@ class LabPve(FakePve):
         if ct is not None:
             self.absorb_raw(ct)
         self.check_devices(v)
-        before = set(ct.config) if ct is not None else set()
+        before = (copy.deepcopy(ct.config), copy.deepcopy(ct.pending)) if ct is not None else ({}, {})
+        applied = self.backend.applied(ct.vmid) if ct is not None else {}
         result = await super()._lxc_config_put(user, v)
         ct = self.ct(int(v['vmid']))
         if ct is not None and ct.status == 'running':
             if not self.hotplugs_devices():
-                for key in [k for k in ct.config if re.fullmatch(r'dev\d+', k) and k not in before]:
+                for key in [k for k in ct.config if re.fullmatch(r'dev\d+', k) and k not in before[0]]:
                     ct.pending[key] = ct.config.pop(key)
-            await self._sync(ct.vmid)
+            failed = await self._sync(ct.vmid)
+            if failed:
+                # A hotplug that fails fails the whole change, and nothing of it is written (API2/LXC/Config.pm:
+                # "don't write to config if we get any errors", raise_param_exc; Config.pm vmconfig_hotplug_pending
+                # words each "unable to hotplug $opt: $msg"). What was applied live stays so, as on PVE.
+                ct.config, ct.pending = before
+                self.backend.save_applied(ct.vmid, applied)
+                self.save()
+                raise PveError(400, 'Parameter verification failed.', dict(
+                    (key, 'unable to hotplug {0}: {1}'.format(key, why)) for key, why in sorted(failed.items())))
         else:
             self.save()
         return result

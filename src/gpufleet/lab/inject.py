@@ -60,6 +60,9 @@ def main(argv=None):
         finally:
             os.seteuid(0)
             os.setegid(0)
+    elif not args.dir and os.path.isdir(args.target):
+        # as LXC.pm device_passthrough_hotplug's sysopen(O_CREAT) of the file to bind the node onto
+        sys.exit("failed to create '{0}': {1}".format(args.target, os.strerror(21)))
     if libc.syscall(SYS_MOVE_MOUNT, tree, b'', AT_FDCWD, args.target.encode(), MOVE_MOUNT_F_EMPTY_PATH) < 0:
         fail('move_mount ' + args.target)
     return 0
