@@ -195,18 +195,18 @@ class Connection(ConnectionBase):
             except OSError as e:
                 raise AnsibleConnectionFailure('pct connection: cannot run {0}: {1}'.format(argv[0], e))
             out, err = proc.communicate(stdin if isinstance(stdin, bytes) else None)
-            turned_away = proc.returncode == 255 and any(m in to_text(err, errors='replace') for m in TURNED_AWAY)
+            said = to_text(err, errors='replace').strip()
+            turned_away = proc.returncode == 255 and any(m in said for m in TURNED_AWAY)
             if not turned_away or attempt == retries:
                 break
             pause = min(8.0, 0.25 * 2 ** attempt) * (0.5 + random.random())
-            display.vvv('PCT: {0} turned the command away ({1}); again in {2:.1f} s'.format(
-                self._where(), to_text(err, errors='replace').strip(), pause), host=self._play_context.remote_addr)
+            display.vvv('PCT: {0} turned the command away ({1}); again in {2:.1f} s'.format(self._where(), said, pause),
+                        host=self._play_context.remote_addr)
             time.sleep(pause)
         if turned_away:
             raise AnsibleConnectionFailure(
                 '{0} turned CT {1}\'s command away {2} times: {3} (its sshd\'s MaxStartups or MaxSessions; fewer forks, '
-                'or more ansible_pct_retries)'.format(self._where(), self._vmid(), retries + 1,
-                                                      to_text(err, errors='replace').strip()))
+                'or more ansible_pct_retries)'.format(self._where(), self._vmid(), retries + 1, said))
         self._check(proc.returncode, err)
         return proc.returncode, out or b'', err
 

@@ -17,7 +17,7 @@ import os
 import re
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pveconf, _pvecheck
-from ansible_collections.gpufleet.proxmox.plugins.module_utils._pve import PveError
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._pve import PveError, pve_version
 
 # Per-container options (PVE's names where PVE has one).
 CONTAINER_SPEC = dict(
@@ -403,7 +403,7 @@ class Reconciler(object):
         """Whether this cluster hot-plugs a new devN into a running container, read once and only when a plan needs
         it: pve-container 6.0.4 (PVE 9) does; 5.x (PVE 8) keeps every devN change pending until a restart."""
         if self._hot_devices is None:
-            self._hot_devices = pve_major(self.client.version().get('version')) >= 9
+            self._hot_devices = pve_version(self.client.version().get('version')) >= (9, 0)
         return self._hot_devices
 
     def hot(self, key, sets, current):
@@ -681,11 +681,6 @@ class Reconciler(object):
 # cpuunits). nameserver and searchdomain are neither: they wait in pending.
 HOT_KEYS = ('cores', 'memory', 'swap', 'cpulimit', 'cpuunits', 'description', 'onboot', 'tags', 'hostname',
             'protection', 'startup')
-
-
-def pve_major(version):
-    m = re.match(r'^(\d+)', str(version or ''))
-    return int(m.group(1)) if m else 0
 
 
 def reconcile_all(client, specs, check_mode, lock_timeout=60):

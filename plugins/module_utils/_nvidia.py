@@ -145,7 +145,8 @@ def discover(dev_dir='/dev', proc_root='/proc', smi=None, persistenced=None, sha
                 gpu.update(index=extra['index'], pci_bus_id=extra['pci_bus_id'], uuid=extra['uuid'],
                            name=extra['name'])
         gpus.sort(key=lambda g: g['index'])
-        missing = sorted((m, g['index']) for m, g in by_minor.items() if m not in set(g['minor'] for g in gpus))
+        present = set(g['minor'] for g in gpus)
+        missing = sorted((m, g['index']) for m, g in by_minor.items() if m not in present)
         if missing:
             findings.append({'code': 'gpu_nodes_missing', 'fix': 'nvidia-modprobe -c {0}'.format(missing[0][0]),
                              'msg': 'nvidia-smi lists GPU(s) {0} without their /dev/nvidiaN node ({1})'.format(

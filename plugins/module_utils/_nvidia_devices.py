@@ -40,9 +40,9 @@ def passthrough_paths(gpus, present=None, minors=None):
     if not gpus:
         return []
     minors = minors or {}
+    skipped = set() if present is None else set(OPTIONAL_CONTROL) - set(present)
     return ['/dev/nvidia{0}'.format(minors.get(g, g)) for g in gpus] + [
-        p for p in PASSTHROUGH_CONTROL
-        if present is None or p[len('/dev/'):] not in OPTIONAL_CONTROL or p[len('/dev/'):] in present]
+        p for p in PASSTHROUGH_CONTROL if p[len('/dev/'):] not in skipped]
 
 
 def numbers(path, majors):

@@ -9,6 +9,7 @@ out as `PveError` with PVE's own message (the HTTP reason phrase), the per-field
 """
 
 
+import re
 import time
 import traceback
 
@@ -22,6 +23,13 @@ try:
 except ImportError:
     HAS_PROXMOXER = False
     PROXMOXER_IMPORT_ERROR = traceback.format_exc()
+
+
+def pve_version(text):
+    """(major, minor) of a PVE version string as /version gives it ('9.0.10'); (0, 0) where it is not one."""
+    m = re.match(r'^(\d+)\.(\d+)', str(text or ''))
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
 
 # Connection options, with community.proxmox's names and PROXMOX_* environment fallbacks.
 CONNECTION_SPEC = dict(

@@ -12,6 +12,7 @@ A fleet entry (see roles/gpu_container/meta/argument_specs.yml):
 import re
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_devices, _pvecheck
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._pve import pve_version
 
 # Device nodes every GPU container gets besides its /dev/nvidiaN.
 ENTRY_KEYS = ('vmid', 'hostname', 'node', 'gpus', 'cores', 'memory', 'swap', 'rootfs', 'net', 'template',
@@ -25,11 +26,6 @@ DEVN_SINCE = (8, 1)
 # makes a devN node 0660 root:root where the entry gives no mode (pve-container src/PVE/LXC.pm
 # create_passthrough_device_node), which leaves a training job run by any other user without its GPUs.
 GPU_MODE = '0666'
-
-
-def pve_version(text):
-    m = re.match(r'^(\d+)\.(\d+)', str(text or ''))
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
 def gpu_list(entry, node_gpus):
@@ -114,25 +110,17 @@ def _words(key, value):
     return 'must be a string (space-separated for several), got {0!r}'.format(value)
 
 
-def gpu_mode_problem(value):
-    """What is wrong with a device node mode as PVE's devN schema takes it (an octal string, '0666'), or None."""
+def _gpu_mode(key, value):
+    """A device node mode as PVE's devN schema takes it (an octal string, '0666')."""
     if isinstance(value, str) and re.match(r'^0?[0-7]{3}$', value):
         return None
     return "must be an octal mode as a string, as '0666' or '0660', got {0!r}".format(value)
 
 
-def gpu_gid_problem(value):
+def _gpu_gid(key, value):
     if value is None or _whole(value) and value >= 0:
         return None
     return 'must be a group id of the container (a whole number, 0 or more), got {0!r}'.format(value)
-
-
-def _gpu_mode(key, value):
-    return gpu_mode_problem(value)
-
-
-def _gpu_gid(key, value):
-    return gpu_gid_problem(value)
 
 
 def _net(key, value):
@@ -382,8 +370,9 @@ class Fleet(object):
 
     def check(self, pve=None, is_root_password=True):
         """Raise FleetError naming every problem of the definition (pve: the cluster's version where known)."""
-        problems = ['{0}: {1}'.format(key, problem) for key, problem in (
-            ('gpu_mode', gpu_mode_problem(self.gpu_mode)), ('gpu_gid', gpu_gid_problem(self.gpu_gid))) if problem]
+        # the fleet-wide values by the checks an entry's own gpu_mode and gpu_gid get
+        problems = ['{0}: {1}'.format(key, check(key, value)) for key, check, value in (
+            ('gpu_mode', _gpu_mode, self.gpu_mode), ('gpu_gid', _gpu_gid, self.gpu_gid)) if check(key, value)]
         problems += errors(self.containers, self.gpus, pve, is_root_password, self.gpu_sharing, self.passthrough)
         if problems:
             raise FleetError(problems)

@@ -293,7 +293,7 @@ class LabPve(FakePve):
             return web.json_response(True)
 
         def order(ct):
-            startup = lxcconf.split_props(ct.config.get('startup') or '', 'order') if ct.config.get('startup') else {}
+            startup = lxcconf.split_props(ct.config['startup'], 'order') if ct.config.get('startup') else {}
             return (int(startup['order']) if str(startup.get('order', '')).isdigit() else 1 << 30, ct.vmid)
         started = []
         for ct in sorted((c for c in self.cts if str(c.config.get('onboot', 0)) in ('1', 'True', 'true')), key=order):
