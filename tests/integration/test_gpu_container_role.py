@@ -244,7 +244,8 @@ def test_after_a_node_reboot_its_boot_unit_makes_the_nodes_before_the_containers
     assert done['uvm_major'] != uvm
     code, out = done['units']['gpufleet-nvidia-nodes.service']
     assert code == 0 and 'made /dev/nvidia-uvm ({0}:0)'.format(done['uvm_major']) in out and 'made /dev/nvidia3' in out
-    assert sorted((s['vmid'], s['exitstatus']) for s in done['started']) == [(316, 'OK'), (317, 'OK')]
+    mine = [(s['vmid'], s['exitstatus']) for s in done['started'] if s['vmid'] in (316, 317)]  # other onboot ones may be in the lab
+    assert sorted(mine) == [(316, 'OK'), (317, 'OK')]
     assert devices_seen(316) == dict(CONTROL, **{'/dev/nvidia2': 'ENXIO', '/dev/nvidia3': 'ENXIO'})
     again = site(tmp_path, fleet)
     assert again.rc == 0 and all(s['changed'] == 0 for s in again.stats.values()), again.stats
