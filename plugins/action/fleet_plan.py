@@ -17,8 +17,8 @@ from ansible_collections.gpufleet.proxmox.plugins.plugin_utils._action import Co
 
 def nodes_seen(hostvars, nodes):
     """What gpu_node left on each node of the play: GPU indexes (None where it did not run), each one's device
-    minor, device majors, the control nodes it has (None where unknown), the driver bundle's path, the shared
-    directories."""
+    minor, its gpu_devices entries, device majors, the control nodes it has (None where unknown), the driver
+    bundle's path, the shared directories."""
     out = {}
     for name in nodes:
         devices = host_var(hostvars, name, 'gpufleet_gpu_devices', {})
@@ -26,6 +26,7 @@ def nodes_seen(hostvars, nodes):
         out[name] = {'indexes': devices.get('indexes'), 'majors': devices.get('majors') or {},
                      'minors': dict((g['index'], g['minor']) for g in devices.get('gpus') or []
                                     if 'index' in g and 'minor' in g),
+                     'gpus': devices.get('gpus') or [],
                      'control': sorted(control) if isinstance(control, dict) else None,
                      'driver': host_var(hostvars, name, 'gpu_node_driver', {}).get('path') or '',
                      'shares': host_var(hostvars, name, 'gpu_node_shared', [])}

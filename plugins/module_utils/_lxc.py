@@ -708,7 +708,8 @@ def reconcile_all(client, specs, check_mode, lock_timeout=60):
 
 
 def container_specs(params):
-    """The containers a module call asks for: its own options, or each of `containers` on top of them."""
+    """The containers a module call asks for: its own options, or each of `containers` on top of them; those the
+    call's `restart` names are restarted where they are to run."""
     from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
     top = dict((k, params.get(k)) for k in CONTAINER_SPEC)
     if params.get('containers') is None:
@@ -728,8 +729,11 @@ def container_specs(params):
             spec = dict((k, v) for k, v in top.items() if k != 'vmid')
             spec.update((k, v) for k, v in result.validated_parameters.items() if v is not None)
             entries.append(spec)
+    restart = set(params.get('restart') or [])
     for spec in entries:
         for key, value in DEFAULTS.items():
             if spec.get(key) is None:
                 spec[key] = value
+        if spec['vmid'] in restart and spec['state'] == 'started':
+            spec['state'] = 'restarted'
     return entries

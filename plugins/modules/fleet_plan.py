@@ -127,9 +127,16 @@ raw:
   description: With raw passthrough, each node to the raw C(lxc.*) lines of each of its GPU containers, by vmid.
   returned: success
   type: dict
+hosts:
+  description:
+    - What the inventory host of each container carries, by vmid - C(hostname), C(entry) (its fleet entry),
+      C(gpus) (its GPU indexes on its node) and C(gpu_info) (the node's M(gpufleet.proxmox.gpu_devices) entries
+      for those GPUs).
+  returned: success
+  type: dict
 '''
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._action_only import refuse
 
 # The options, here beside DOCUMENTATION so that sanity checks one against the other; the action plugin
 # (plugins/action/fleet_plan.py) validates its task's arguments with this same spec.
@@ -147,9 +154,7 @@ ARGUMENT_SPEC = {
 
 
 def main():
-    """Reached only where the action plugin is bypassed: the plan reads the inventory on the controller."""
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    module.fail_json(msg='gpufleet.proxmox.fleet_plan runs as an action plugin on the controller')
+    refuse('fleet_plan', ARGUMENT_SPEC)
 
 
 if __name__ == '__main__':

@@ -89,7 +89,7 @@ removed:
   elements: str
 '''
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._action_only import refuse
 
 # The options, here beside DOCUMENTATION so that sanity checks one against the other; the action plugin
 # (plugins/action/fleet_report.py) validates its task's arguments with this same spec.
@@ -104,9 +104,7 @@ ARGUMENT_SPEC = {
 
 
 def main():
-    """Reached only where the action plugin is bypassed: the reports are written on the controller."""
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    module.fail_json(msg='gpufleet.proxmox.fleet_report runs as an action plugin on the controller')
+    refuse('fleet_report', ARGUMENT_SPEC)
 
 
 if __name__ == '__main__':

@@ -151,6 +151,14 @@ options:
     description: With O(state=absent), also remove the container from jobs, HA and ACLs.
     type: bool
     default: false
+  restart:
+    description:
+      - Containers (vmids) to restart where their O(state) is V(started), as if it were V(restarted) (one that is
+        stopped is started). For a change that PVE applies only at start and that its API does not see, such as
+        raw lines written on the node.
+    type: list
+    elements: int
+    default: []
   containers:
     description:
       - Many containers in one call, each a dict of the container options above (O(vmid) required).
@@ -264,6 +272,7 @@ def argument_spec():
     spec['devices'] = dict(type='list', elements='dict')
     spec['pve_root'] = dict(type='path', default=_lxc.DEFAULTS['pve_root'])
     spec['containers'] = dict(type='list', elements='dict')
+    spec['restart'] = dict(type='list', elements='int', default=[])
     spec['lock_timeout'] = dict(type='int', default=60)
     return spec
 

@@ -177,7 +177,7 @@ ansible_facts:
       type: dict
 '''
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._action_only import refuse
 
 # The options, here beside DOCUMENTATION so that sanity checks one against the other; the action plugin
 # (plugins/action/verify_container.py) validates its task's arguments with this same spec.
@@ -206,9 +206,7 @@ ARGUMENT_SPEC = {
 
 
 def main():
-    """Reached only where the action plugin is bypassed: the task needs the controller to run its modules."""
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    module.fail_json(msg='gpufleet.proxmox.verify_container runs as an action plugin on the controller')
+    refuse('verify_container', ARGUMENT_SPEC)
 
 
 if __name__ == '__main__':

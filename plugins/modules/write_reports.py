@@ -62,7 +62,7 @@ removed:
   elements: str
 '''
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._action_only import refuse
 
 # The options, here beside DOCUMENTATION so that sanity checks one against the other; the action plugin
 # (plugins/action/write_reports.py) validates its task's arguments with this same spec.
@@ -74,9 +74,7 @@ ARGUMENT_SPEC = {
 
 
 def main():
-    """Reached only where the action plugin is bypassed: the reports are written on the controller."""
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    module.fail_json(msg='gpufleet.proxmox.write_reports runs as an action plugin on the controller')
+    refuse('write_reports', ARGUMENT_SPEC)
 
 
 if __name__ == '__main__':

@@ -35,22 +35,6 @@ def gpu_list(entry, node_gpus):
     return list(gpus or [])
 
 
-def hosts(running, fleet, devices=None):
-    """One node's running containers (lxc_container results) as inventory hosts: each one's vmid, hostname and
-    fleet entry, its GPUs (indexes), the node's devices for them (gpu_devices' entries), whether this run changed
-    its config or power (changed) and whether it started or restarted it (started)."""
-    devices = devices or {}
-    entries = dict((e['vmid'], e) for e in fleet)
-    out = []
-    for c in running:
-        entry = entries[c['vmid']]
-        gpus = gpu_list(entry, devices.get('indexes'))
-        out.append({'vmid': c['vmid'], 'hostname': entry['hostname'], 'entry': entry, 'gpus': gpus,
-                    'gpu_info': [g for g in devices.get('gpus') or [] if g.get('index') in gpus],
-                    'changed': bool(c.get('changed')), 'started': 'power' in c})
-    return out
-
-
 def _whole(value):
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -255,78 +239,6 @@ def share_mount(share):
     return '{0},mp={1}{2}'.format(share['path'], share['mp'], ',ro=1' if share.get('read_only') else '')
 
 
-def specs(fleet, nodes, defaults, passthrough='devn', driver_mount=None, shares=None, gpu_mode=GPU_MODE, gpu_gid=None,
-          node_devices=None):
-    """One lxc_container entry per container: the fleet's values over the role's defaults.
-
-    node_devices: {node: {control: names of the NVIDIA control nodes it has (the optional ones go only where they
-    are), minors: {GPU index: device minor}}}, where known.
-    driver_mount: {node: mount string} binding that node's driver bundle into its GPU containers.
-    shares: {node: [{path, mp, read_only}]} node directories bound into all its containers.
-    Both take the highest free mpN keys, in that order, so the user's own mounts keep theirs.
-    """
-    out = []
-    for entry in fleet:
-        spec = dict((k, v) for k, v in defaults.items() if v is not None)
-        node = entry['node']
-        for key in ('vmid', 'hostname', 'node', 'cores', 'memory', 'swap', 'unprivileged', 'features', 'tags',
-                    'description', 'onboot', 'storage', 'state', 'nameserver', 'searchdomain'):
-            if entry.get(key) is not None:
-                spec[key] = entry[key]
-        if entry.get('template'):
-            spec['ostemplate'] = entry['template']
-        rootfs = entry.get('rootfs')
-        if isinstance(rootfs, int):
-            spec['rootfs'] = '{0}:{1}'.format(spec.get('storage') or 'local-lvm', rootfs)
-        elif rootfs:
-            spec['rootfs'] = rootfs
-        net = entry.get('net')
-        if isinstance(net, str):
-            spec['net'] = {'net0': net}
-        elif isinstance(net, dict):
-            spec['net'] = net
-        mounts = dict(entry.get('mounts') or {})
-        extra = [share_mount(s) for s in (shares or {}).get(node) or []]
-        if driver_mount and driver_mount.get(node) and gpu_list(entry, nodes.get(node)):
-            extra.insert(0, driver_mount[node])
-        for value in extra:
-            free = [n for n in range(256) if 'mp{0}'.format(n) not in mounts]
-            mounts['mp{0}'.format(free[-1])] = value
-        if mounts or entry.get('mounts') is not None:
-            spec['mounts'] = mounts
-        # With raw passthrough the GPUs go in as lxc.* lines (raw()), not as devN.
-        extra = list(entry.get('devices') or [])
-        seen = (node_devices or {}).get(node) or {}
-        spec['devices'] = extra if passthrough == 'raw' else gpu_nodes(
-            entry, nodes.get(node), gpu_mode, gpu_gid, seen.get('control'), seen.get('minors')) + extra
-        out.append(spec)
-    return out
-
-
-def raw(fleet, nodes, majors, minors=None):
-    """{vmid: [raw lxc lines]} for GPU passthrough without devN; majors: {node: {name: major}}, minors: {node: {GPU
-    index: device minor}}."""
-    out = {}
-    for entry in fleet:
-        node = entry['node']
-        devs = gpu_nodes(entry, nodes.get(node), minors=(minors or {}).get(node))
-        if devs:
-            out[entry['vmid']] = raw_lines(devs, (majors or {}).get(node) or {})
-    return out
-
-
-def power(specs, restart):
-    """The specs again with their power state, 'restarted' where a started one's raw lines changed (vmids)."""
-    restart = set(int(v) for v in restart or [])
-    out = []
-    for spec in specs:
-        state = spec.get('state') or 'started'
-        if spec['vmid'] in restart and state == 'started':
-            state = 'restarted'
-        out.append(dict(spec, state=state))
-    return out
-
-
 class FleetError(Exception):
     """The fleet definition has problems: every one of them, as errors() words them."""
 
@@ -340,9 +252,10 @@ class Fleet(object):
     """A fleet definition over what the inventory knows of its nodes: checked as a whole, then expanded into the
     plain containers lxc_container reconciles (the fleet_plan action).
 
-    nodes: {node: {indexes: [GPU indexes] or None where gpu_node did not run, majors: {name: major},
-    control: [names of the NVIDIA control nodes it has] or None, driver: the driver bundle's path on the node or '',
-    shares: [{path, mp, read_only}]}}.
+    nodes: {node: {indexes: [GPU indexes] or None where gpu_node did not run, minors: {GPU index: device minor},
+    gpus: [gpu_devices' entry per GPU], majors: {name: major}, control: [names of the NVIDIA control nodes it has]
+    or None, driver: the driver bundle's path on the node or '', shares: [{path, mp, read_only}]}}.
+    driver_mount: where a node's driver bundle is bound into its GPU containers ('' for none).
     gpu_mode, gpu_gid: how the GPUs' device nodes are made in every container whose entry does not say (devN)."""
 
     def __init__(self, containers, nodes, defaults=None, passthrough='auto', gpu_sharing=False, driver_mount='',
@@ -359,8 +272,6 @@ class Fleet(object):
             (name, '{0},mp={1},ro=1'.format(node['driver'], driver_mount)) for name, node in self.nodes.items()
             if driver_mount and node.get('driver'))
         self.shares = dict((name, node.get('shares') or []) for name, node in self.nodes.items())
-        self.node_devices = dict((name, {'control': node.get('control'), 'minors': node.get('minors') or {}})
-                                 for name, node in self.nodes.items())
 
     @staticmethod
     def root_login(api):
@@ -385,11 +296,78 @@ class Fleet(object):
         return any(isinstance(e, dict) and (gpu_list(e, self.gpus.get(e.get('node')) or []) or e.get('devices'))
                    for e in self.containers or [])
 
+    def node(self, entry):
+        return self.nodes.get(entry['node']) or {}
+
+    def gpus_of(self, entry):
+        return gpu_list(entry, self.gpus.get(entry['node']))
+
+    def device_nodes(self, entry):
+        """The device nodes the entry's GPUs need on its node (see gpu_nodes)."""
+        node = self.node(entry)
+        return gpu_nodes(entry, self.gpus.get(entry['node']), self.gpu_mode, self.gpu_gid, node.get('control'),
+                         node.get('minors'))
+
+    def spec(self, entry, mode):
+        """One lxc_container entry: the fleet entry's values over the role's defaults, its node's driver bundle and
+        shares mounted (both take the highest free mpN keys, in that order, so the user's own mounts keep theirs),
+        its GPUs' device nodes as devN (mode devn) or none (mode raw: they go in as raw lines)."""
+        spec = dict((k, v) for k, v in self.defaults.items() if v is not None)
+        for key in ('vmid', 'hostname', 'node', 'cores', 'memory', 'swap', 'unprivileged', 'features', 'tags',
+                    'description', 'onboot', 'storage', 'state', 'nameserver', 'searchdomain'):
+            if entry.get(key) is not None:
+                spec[key] = entry[key]
+        if entry.get('template'):
+            spec['ostemplate'] = entry['template']
+        rootfs = entry.get('rootfs')
+        if isinstance(rootfs, int):
+            spec['rootfs'] = '{0}:{1}'.format(spec.get('storage') or 'local-lvm', rootfs)
+        elif rootfs:
+            spec['rootfs'] = rootfs
+        net = entry.get('net')
+        if isinstance(net, str):
+            spec['net'] = {'net0': net}
+        elif isinstance(net, dict):
+            spec['net'] = net
+        mounts = dict(entry.get('mounts') or {})
+        extra = [share_mount(s) for s in self.shares.get(entry['node']) or []]
+        if self.driver_mounts.get(entry['node']) and self.gpus_of(entry):
+            extra.insert(0, self.driver_mounts[entry['node']])
+        for value in extra:
+            free = [n for n in range(256) if 'mp{0}'.format(n) not in mounts]
+            mounts['mp{0}'.format(free[-1])] = value
+        if mounts or entry.get('mounts') is not None:
+            spec['mounts'] = mounts
+        devices = list(entry.get('devices') or [])
+        spec['devices'] = devices if mode == 'raw' else self.device_nodes(entry) + devices
+        return spec
+
     def expand(self, mode):
         """One lxc_container entry per container, for passthrough mode devn or raw, with the override on top."""
-        out = specs(self.containers, self.gpus, self.defaults, mode, self.driver_mounts, self.shares, self.gpu_mode,
-                    self.gpu_gid, self.node_devices)
-        return [dict(spec, **self.override) for spec in out]
+        return [dict(self.spec(entry, mode), **self.override) for entry in self.containers]
+
+    def raw(self):
+        """{node: {vmid: [raw lxc lines]}}: GPU passthrough without devN (PVE before 8.1), for the containers that
+        have GPUs."""
+        out = {}
+        for entry in self.containers:
+            if entry['node'] not in self.nodes:
+                continue
+            node = self.node(entry)
+            devices = gpu_nodes(entry, self.gpus.get(entry['node']), minors=node.get('minors'))
+            if devices:
+                out.setdefault(entry['node'], {})[entry['vmid']] = raw_lines(devices, node.get('majors') or {})
+        return out
+
+    def hosts(self):
+        """{vmid: what each container's inventory host carries}: its hostname and fleet entry, its GPUs (indexes),
+        and its node's gpu_devices entries for them."""
+        out = {}
+        for entry in self.containers:
+            gpus = self.gpus_of(entry)
+            out[entry['vmid']] = {'hostname': entry['hostname'], 'entry': entry, 'gpus': gpus,
+                                  'gpu_info': [g for g in self.node(entry).get('gpus') or [] if g.get('index') in gpus]}
+        return out
 
     def mode(self, pve=None):
         if self.passthrough != 'auto':
@@ -399,19 +377,13 @@ class Fleet(object):
         return 'devn' if pve_version(pve) >= DEVN_SINCE else 'raw'
 
     def plan(self, pve=None, check_mode=False):
-        """{passthrough, wanted, containers, raw}: with raw passthrough outside check mode, the containers to keep
-        are reconciled present first, for their raw lines to be written before they start; raw: {node: {vmid:
-        lines}}."""
+        """{passthrough, wanted, containers, raw, hosts}: with raw passthrough outside check mode, the containers to
+        keep are reconciled present first, for their raw lines to be written before they start; raw: {node: {vmid:
+        lines}}; hosts: {vmid: inventory host} (see hosts())."""
         mode = self.mode(pve)
         wanted = self.expand(mode)
         first = wanted
         if mode == 'raw' and not check_mode:
             first = [dict(spec, state='present') if spec.get('state') != 'absent' else spec for spec in wanted]
-        lines = {}
-        if mode == 'raw':
-            for name, node in self.nodes.items():
-                mine = raw([e for e in self.containers if e.get('node') == name], self.gpus, {name: node.get('majors')},
-                           {name: node.get('minors')})
-                if mine:
-                    lines[name] = mine
-        return {'passthrough': mode, 'wanted': wanted, 'containers': first, 'raw': lines}
+        return {'passthrough': mode, 'wanted': wanted, 'containers': first, 'raw': self.raw() if mode == 'raw' else {},
+                'hosts': self.hosts()}

@@ -3,9 +3,13 @@
 import pytest
 import base64
 import json
+import os
+import sys
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _nvidia_devices, _pveconf, _venv, _venv_build
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _drift, _fleet, _verdict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize('key,wanted,current,equal', [
@@ -62,23 +66,25 @@ def test_fleet_errors_name_container_and_field():
 
 def test_fleet_specs_and_raw_lines():
     fleet = [{'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'gpus': [2], 'rootfs': 32, 'net': 'name=eth0,bridge=vmbr0'}]
-    spec = _fleet.specs(fleet, {'gpu01': [0, 1, 2]}, {'storage': 'local-zfs', 'cores': 4}, 'devn',
-                        {'gpu01': '/opt/gpufleet/driver/580.95.05,mp=/opt/nvidia-driver,ro=1'})[0]
+    node = {'indexes': [0, 1, 2], 'majors': {'nvidia-uvm': 509}, 'driver': '/opt/gpufleet/driver/580.95.05'}
+    spec = _fleet.Fleet(fleet, {'gpu01': node}, defaults={'storage': 'local-zfs', 'cores': 4},
+                        driver_mount='/opt/nvidia-driver').spec(fleet[0], 'devn')
     assert spec['rootfs'] == 'local-zfs:32' and spec['cores'] == 4 and spec['net'] == {'net0': 'name=eth0,bridge=vmbr0'}
     assert [d['path'] for d in spec['devices']] == ['/dev/nvidia2'] + list(_nvidia_devices.PASSTHROUGH_CONTROL)
     assert spec['mounts'] == {'mp255': '/opt/gpufleet/driver/580.95.05,mp=/opt/nvidia-driver,ro=1'}
-    shares = {'gpu01': [{'path': '/var/cache/gpufleet/uv', 'mp': '/var/cache/gpufleet/uv'},
-                        {'path': '/srv/wh', 'mp': '/opt/gpufleet/wheelhouse', 'read_only': True}]}
+    shares = [{'path': '/var/cache/gpufleet/uv', 'mp': '/var/cache/gpufleet/uv'},
+              {'path': '/srv/wh', 'mp': '/opt/gpufleet/wheelhouse', 'read_only': True}]
     mine = dict(fleet[0], gpus=[], mounts={'mp0': 'local-zfs:8,mp=/data', 'mp254': '/x,mp=/x'})
-    spec = _fleet.specs([mine], {'gpu01': [0, 1, 2]}, {}, 'devn', {'gpu01': '/d,mp=/opt/nvidia-driver,ro=1'}, shares)[0]
+    spec = _fleet.Fleet([mine], {'gpu01': dict(node, driver='/d', shares=shares)},
+                        driver_mount='/opt/nvidia-driver').spec(mine, 'devn')
     # no GPUs, no driver mount; the shares take the highest free keys and the user's own keep theirs
     assert spec['mounts'] == {'mp0': 'local-zfs:8,mp=/data', 'mp254': '/x,mp=/x',
                               'mp255': '/var/cache/gpufleet/uv,mp=/var/cache/gpufleet/uv',
                               'mp253': '/srv/wh,mp=/opt/gpufleet/wheelhouse,ro=1'}
     dns = dict(fleet[0], nameserver='10.0.0.53 10.0.1.53', searchdomain='cluster.example')
-    spec = _fleet.specs([dns], {'gpu01': [0, 1, 2]}, {}, 'devn')[0]
+    spec = _fleet.Fleet([dns], {'gpu01': node}).spec(dns, 'devn')
     assert (spec['nameserver'], spec['searchdomain']) == ('10.0.0.53 10.0.1.53', 'cluster.example')
-    raw = _fleet.raw(fleet, {'gpu01': [0, 1, 2]}, {'gpu01': {'nvidia-uvm': 509}})[200]
+    raw = _fleet.Fleet(fleet, {'gpu01': node}).raw()['gpu01'][200]
     assert 'lxc.cgroup2.devices.allow: c 195:2 rw' in raw and 'lxc.cgroup2.devices.allow: c 509:1 rw' in raw
     assert 'lxc.mount.entry: /dev/nvidia2 dev/nvidia2 none bind,optional,create=file' in raw
 
@@ -199,16 +205,14 @@ def test_drift_reports_one_file_per_host_and_the_summary():
 
 
 def test_fleet_hosts_carry_what_the_node_knows_of_each_container():
-    fleet = [{'vmid': 1, 'hostname': 'a', 'gpus': [1]}, {'vmid': 2, 'hostname': 'b', 'gpus': 'all'},
-             {'vmid': 3, 'hostname': 'c'}]
-    devices = {'indexes': [0, 1], 'gpus': [{'index': 0, 'pci_bus_id': '0:1'}, {'index': 1, 'pci_bus_id': '0:2'}]}
-    running = [{'vmid': 1, 'changed': True, 'power': 'start'}, {'vmid': 2, 'changed': False}, {'vmid': 3}]
-    got = _fleet.hosts(running, fleet, devices)
-    assert [h['hostname'] for h in got] == ['a', 'b', 'c']
-    assert got[0]['gpus'] == [1] and got[0]['gpu_info'] == [{'index': 1, 'pci_bus_id': '0:2'}]
-    assert got[0]['changed'] and got[0]['started']
-    assert got[1]['gpus'] == [0, 1] and len(got[1]['gpu_info']) == 2 and not got[1]['changed'] and not got[1]['started']
-    assert got[2]['gpus'] == [] and got[2]['gpu_info'] == [] and got[2]['entry'] == fleet[2]
+    fleet = [{'vmid': 1, 'hostname': 'a', 'node': 'n', 'gpus': [1]}, {'vmid': 2, 'hostname': 'b', 'node': 'n', 'gpus': 'all'},
+             {'vmid': 3, 'hostname': 'c', 'node': 'n'}]
+    node = {'indexes': [0, 1], 'gpus': [{'index': 0, 'pci_bus_id': '0:1'}, {'index': 1, 'pci_bus_id': '0:2'}]}
+    got = _fleet.Fleet(fleet, {'n': node}).plan('9.0.3')['hosts']
+    assert [got[v]['hostname'] for v in (1, 2, 3)] == ['a', 'b', 'c']
+    assert got[1]['gpus'] == [1] and got[1]['gpu_info'] == [{'index': 1, 'pci_bus_id': '0:2'}]
+    assert got[2]['gpus'] == [0, 1] and len(got[2]['gpu_info']) == 2
+    assert got[3]['gpus'] == [] and got[3]['gpu_info'] == [] and got[3]['entry'] == fleet[2]
 
 
 def _facts(**over):
@@ -411,3 +415,25 @@ def test_the_fleet_drift_joins_what_each_stage_saw():
     assert out['containers']['b'] == [{'stage': 'verify', 'item': 'unreached', 'detail': 'w'}]
     # not judged (the verify stage skipped): no verification items
     assert _drift.fleet({}, reconcile, definition, {}, None, False)['containers']['b'] == []
+
+
+def test_restart_turns_started_containers_into_restarted_ones():
+    params = dict((k, None) for k in _lxc.CONTAINER_SPEC)
+    params.update(restart=[201, 202], containers=[{'vmid': 200, 'state': 'started'}, {'vmid': 201, 'state': 'started'},
+                                                  {'vmid': 202, 'state': 'stopped'}, {'vmid': 203}])
+    assert [s['state'] for s in _lxc.container_specs(params)] == ['started', 'restarted', 'stopped', 'present']
+
+
+@pytest.mark.parametrize('name,args', [('fleet_plan', {'containers': []}), ('fleet_report', {'dir': '/tmp'}),
+                                       ('verify_container', {}), ('write_reports', {'dir': '/tmp', 'reports': {}})])
+def test_an_action_only_module_refuses_to_run_without_its_action(name, args, tmp_path):
+    """Where the action plugin is bypassed (the module shipped to a host as it is), it says why instead of running."""
+    import subprocess
+    path = tmp_path / 'args.json'
+    path.write_text(json.dumps({'ANSIBLE_MODULE_ARGS': args}))
+    module = os.path.join(ROOT, 'plugins', 'modules', name + '.py')
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, '.collections'))
+    done = subprocess.run([sys.executable, module, str(path)], capture_output=True, text=True, env=env, check=False)
+    result = json.loads(done.stdout)
+    assert result['failed'] and result['msg'] == 'gpufleet.proxmox.{0} runs as an action plugin on the controller'.format(
+        name), result
