@@ -10,6 +10,13 @@ from gpufleet.lab.testing import (  # noqa: F401
     site)
 
 
+def gpu_node(index):
+    """The device node of the lab's GPU at nvidia-smi index `index`: its driver's minor, which is not the index."""
+    from gpufleet.lab.host.gpus import device_minor
+    from gpufleet.lab.layout import Lab
+    return '/dev/nvidia{0}'.format(device_minor(index, Lab().gpus))
+
+
 @pytest.fixture(scope='session')
 def lab():
     """The lab node, up (bringing it up is idempotent).  The lab is required: if it cannot run

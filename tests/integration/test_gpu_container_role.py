@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from conftest import run_playbook, site
+from conftest import gpu_node, run_playbook, site
 
 pytestmark = pytest.mark.lab
 
@@ -44,8 +44,10 @@ def test_two_containers_each_see_only_their_gpus(tmp_path, pve, control):
     pve.made.extend([311, 312])
     first = site(tmp_path, fleet)
     assert first.rc == 0, first.stdout[-4000:]
-    assert devices_seen(311) == dict(CONTROL, **{'/dev/nvidia{0}'.format(i): 'ENXIO' for i in range(4)})
-    assert devices_seen(312) == dict(CONTROL, **{'/dev/nvidia{0}'.format(i): 'ENXIO' for i in range(4, 8)})
+    # each GPU's node is the minor the driver gives it, not its index (the lab's are reversed)
+    assert devices_seen(311) == dict(CONTROL, **{gpu_node(i): 'ENXIO' for i in range(4)})
+    assert devices_seen(312) == dict(CONTROL, **{gpu_node(i): 'ENXIO' for i in range(4, 8)})
+    assert gpu_node(0) == '/dev/nvidia7' and '/dev/nvidia0' in devices_seen(312)
     for vmid in (311, 312):
         smi = subprocess.run(['pct', 'exec', str(vmid), '--', 'nvidia-smi'], capture_output=True, text=True)
         assert 'Driver Version: 580.95.05' in smi.stdout
@@ -171,10 +173,12 @@ def test_raw_passthrough_on_a_pve_older_than_8_1(tmp_path, pve, control, lab):
         assert first.rc == 0, first.stdout[-3000:]
         cfg = pve.ct(315).config.get()
         assert not [k for k in cfg if k.startswith('dev')]
-        assert ['lxc.cgroup2.devices.allow', 'c 195:5 rw'] in cfg['lxc']
-        assert ['lxc.mount.entry', '/dev/nvidia5 nvidia5 none bind,optional,create=file'] not in cfg['lxc']
-        assert ['lxc.mount.entry', '/dev/nvidia5 dev/nvidia5 none bind,optional,create=file'] in cfg['lxc']
-        assert devices_seen(315) == dict(CONTROL, **{'/dev/nvidia5': 'ENXIO'})
+        node = gpu_node(5)  # GPU 5's node: the driver's minor for it (2 in the lab)
+        minor = node[len('/dev/nvidia'):]
+        assert ['lxc.cgroup2.devices.allow', 'c 195:{0} rw'.format(minor)] in cfg['lxc']
+        assert ['lxc.mount.entry', '{0} nvidia{1} none bind,optional,create=file'.format(node, minor)] not in cfg['lxc']
+        assert ['lxc.mount.entry', '{0} dev/nvidia{1} none bind,optional,create=file'.format(node, minor)] in cfg['lxc']
+        assert devices_seen(315) == dict(CONTROL, **{node: 'ENXIO'})
         second = site(tmp_path, fleet)
         assert second.rc == 0 and all(s['changed'] == 0 for s in second.stats.values()), second.stats
         forced = site(tmp_path, fleet, '--tags', 'node,containers', gpu_container_passthrough='devn',
@@ -246,6 +250,6 @@ def test_after_a_node_reboot_its_boot_unit_makes_the_nodes_before_the_containers
     assert code == 0 and 'made /dev/nvidia-uvm ({0}:0)'.format(done['uvm_major']) in out and 'made /dev/nvidia3' in out
     mine = [(s['vmid'], s['exitstatus']) for s in done['started'] if s['vmid'] in (316, 317)]  # other onboot ones may be in the lab
     assert sorted(mine) == [(316, 'OK'), (317, 'OK')]
-    assert devices_seen(316) == dict(CONTROL, **{'/dev/nvidia2': 'ENXIO', '/dev/nvidia3': 'ENXIO'})
+    assert devices_seen(316) == dict(CONTROL, **{gpu_node(2): 'ENXIO', gpu_node(3): 'ENXIO'})
     again = site(tmp_path, fleet)
     assert again.rc == 0 and all(s['changed'] == 0 for s in again.stats.values()), again.stats

@@ -22,7 +22,10 @@ def test_the_lab_nodes_gpus(play, lab):
     facts = discover(play)
     record = lab.record()['gpus']
     assert facts['count'] == 8
-    assert [(g['index'], g['major'], g['minor']) for g in facts['gpus']] == [(i, 195, i) for i in range(8)]
+    # nvidia-smi's index in PCI bus order; the lab's driver gave the minors in reverse (GPU 0 is /dev/nvidia7)
+    assert [(g['index'], g['major'], g['minor'], g['path']) for g in facts['gpus']] == [
+        (i, 195, 7 - i, '/dev/nvidia{0}'.format(7 - i)) for i in range(8)]
+    assert facts['indexes'] == list(range(8))
     assert facts['gpus'][1]['pci_bus_id'] == '00000000:28:00.0' and facts['gpus'][0]['uuid'].startswith('GPU-')
     assert facts['control']['nvidiactl']['minor'] == 255 and facts['control']['nvidia-modeset']['minor'] == 254
     assert facts['uvm_major'] == record['uvm_major'] != 195

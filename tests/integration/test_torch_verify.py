@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import Pve, _api, site
+from conftest import Pve, _api, gpu_node, site
 from test_gpu_container_role import entry
 from test_pct_connection import inventory, run
 
@@ -98,8 +98,9 @@ def test_require_cuda_diagnoses_passed_through_stand_ins_as_enxio(fleet, tmp_pat
     (cuda,) = [f for f in res['failures'] if f['check'] == 'cuda_available']
     assert 'CPU build' in cuda['why']
     nodes = {os.path.basename(n['path']): n['open'] for n in res['diagnosis']['nodes']}
-    assert nodes == {'nvidia0': 'ENXIO', 'nvidia1': 'ENXIO', 'nvidiactl': 'ENXIO', 'nvidia-uvm': 'ENXIO',
-                     'nvidia-uvm-tools': 'ENXIO', 'nvidia-modeset': 'ENXIO'}
+    gpus = dict((os.path.basename(gpu_node(i)), 'ENXIO') for i in (0, 1))  # GPUs 0 and 1: the driver's minors
+    assert nodes == dict(gpus, **{'nvidiactl': 'ENXIO', 'nvidia-uvm': 'ENXIO', 'nvidia-uvm-tools': 'ENXIO',
+                                  'nvidia-modeset': 'ENXIO'})
     assert any('no driver behind the node' in n for n in res['diagnosis']['notes'])
 
 

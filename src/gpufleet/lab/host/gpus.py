@@ -87,6 +87,15 @@ esac
 """
 
 
+def device_minor(index, count):
+    """The device minor (/dev/nvidiaN) the lab's driver gives the GPU that nvidia-smi lists at index. On a real node
+    they need not agree: the driver numbers the GPUs in the order it probes them at boot, nvidia-smi (and CUDA with
+    CUDA_DEVICE_ORDER=PCI_BUS_ID) counts them in PCI bus order (NVIDIA/nvidia-docker issues 1432 and 376,
+    NVIDIA/nvidia-installer issue 21). The lab's driver probes them in reverse bus order, so that only code that
+    reads the minor the driver reports finds a GPU's node."""
+    return count - 1 - index
+
+
 def write_proc(lab, uvm_major):
     os.makedirs(os.path.join(lab.proc_dir, 'driver', 'nvidia'), exist_ok=True)
     with open(os.path.join(lab.proc_dir, 'devices'), 'w') as fh:
@@ -95,7 +104,8 @@ def write_proc(lab, uvm_major):
     smi = lab.path('driver', 'bin', 'nvidia-smi')
     _write(smi, NVIDIA_SMI.format(version=DRIVER_VERSION, count=lab.gpus).encode(), 0o755)
     build_driver_libs(lab.path('driver', 'lib'), DRIVER_VERSION)
-    # /proc/driver/nvidia/gpus/<bus>/information: where the driver says each GPU's device minor (/dev/nvidiaN)
+    # /proc/driver/nvidia/gpus/<bus>/information: where the driver says each GPU's device minor (/dev/nvidiaN), the
+    # GPU at nvidia-smi's index i sitting on bus 0x18 + 0x10 * i
     gpus_dir = os.path.join(lab.proc_dir, 'driver', 'nvidia', 'gpus')
     for i in range(lab.gpus):
         bus = '0000:{0:02x}:00.0'.format(0x18 + i * 0x10)
@@ -103,7 +113,7 @@ def write_proc(lab, uvm_major):
         with open(os.path.join(gpus_dir, bus, 'information'), 'w') as fh:
             fh.write('Model: \t\t NVIDIA H100 80GB HBM3 (lab stand-in)\nGPU UUID: \t GPU-1ab0c0de-0000-4000-8000-{0:012d}\n'
                      'Bus Type: \t PCIe\nBus Location: \t {1}\nDevice Minor: \t {2}\nGPU Excluded:\t No\n'.format(
-                         i, bus, i))
+                         i, bus, device_minor(i, lab.gpus)))
     with open(os.path.join(lab.proc_dir, 'modules'), 'w') as fh:
         fh.write('nvidia_uvm 1966080 0 - Live 0x0000000000000000 (PO)\n'
                  'nvidia_modeset 1568768 0 - Live 0x0000000000000000 (PO)\n'
