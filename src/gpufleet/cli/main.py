@@ -5,11 +5,15 @@
     gpufleet verify        verify every container (read only)
                            each with -i, --limit, --forks, -e, --vault-password-file, --json, -v;
                            exit codes: 0 clean, 1 error, 2 drift found, 4 hosts unreachable
-    gpufleet lab up        bring the local Proxmox lab node up (idempotent)
-    gpufleet lab status    the lab's services and its containers, API and LXC side by side
+    gpufleet lab up [--nodes N] [--gpus 8,4,0] [--drivers V1,V2,V3]
+                           bring the local Proxmox lab up (idempotent): one node, pve1, or a cluster of N
+                           (pve1..pveN, sshd on 2201..), each with its GPU count and driver version
+    gpufleet lab status    the lab's nodes, services and containers, API and LXC side by side
     gpufleet lab reset     destroy every lab container; the lab stays up
-    gpufleet lab reboot-node [NODE]   reboot the lab node: containers stop, the NVIDIA device nodes go (uvm's
-                           major changes), the node's boot units run, onboot containers start
+    gpufleet lab reboot-node [NODE]   reboot a node: its containers stop, its NVIDIA device nodes go (uvm's
+                           major changes), its boot units run, its onboot containers start
+    gpufleet lab node-down NODE       the node goes down: its containers and sshd stop, the cluster sees it offline
+    gpufleet lab node-up NODE         the node boots again (as reboot-node's second half)
     gpufleet lab down      take the lab away, leaving nothing behind
     gpufleet profile lock DIR [--find-links WHEELHOUSE]   regenerate a venv profile's hash-locked lock
     gpufleet profile check DIR                            a profile's input and lock agree
@@ -26,26 +30,30 @@ def lab_command(args):
     from ..lab.host import LabError
     say = (lambda *a: None) if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     try:
+        if args.action != 'up' and (args.nodes, args.gpus, args.drivers) != (None, None, None):
+            raise LabError('--nodes, --gpus and --drivers are options of gpufleet lab up')
+        if args.action in ('node-down', 'node-up') and not args.node:
+            raise LabError('which node? (gpufleet lab {0} NODE)'.format(args.action))
+        done = None
         if args.action == 'up':
-            st = manager.up(say=say)
+            st = manager.up(say=say, nodes=args.nodes, gpus=args.gpus, drivers=args.drivers)
         elif args.action == 'down':
             manager.down(say=say)
             return 0
         elif args.action == 'reset':
             st = manager.reset(say=say)
-        elif args.action == 'reboot-node':
-            lab = manager.Lab()
-            if args.node not in (None, lab.node):
-                raise LabError('the lab has one node, {0}, not {1}'.format(lab.node, args.node))
-            done = manager.reboot_node(lab, say=say)
-            st = manager.status(lab)
-            if args.json:
-                st['reboot'] = done
+        elif args.action in ('reboot-node', 'node-down', 'node-up'):
+            step = {'reboot-node': manager.reboot_node, 'node-down': manager.node_down,
+                    'node-up': manager.node_up}[args.action]
+            done = step(name=args.node, say=say)
+            st = manager.status()
         else:
             st = manager.status()
     except LabError as e:
         print('gpufleet lab {0}: {1}'.format(args.action, e), file=sys.stderr)
         return 1
+    if args.json and done is not None:
+        st[args.action.replace('-', '_')] = done
     print(manager.dumps(st) if args.json else manager.render_status(st))
     if args.action == 'status' and not st['api_running']:
         return 3
@@ -65,9 +73,12 @@ def build_parser():
     sub = parser.add_subparsers(dest='command', required=True)
     from . import fleet
     fleet.add_parsers(sub)
-    lab = sub.add_parser('lab', help='the local Proxmox lab node')
-    lab.add_argument('action', choices=('up', 'down', 'status', 'reset', 'reboot-node'))
-    lab.add_argument('node', nargs='?', help='reboot-node: the node (the lab has one)')
+    lab = sub.add_parser('lab', help='the local Proxmox lab')
+    lab.add_argument('action', choices=('up', 'down', 'status', 'reset', 'reboot-node', 'node-down', 'node-up'))
+    lab.add_argument('node', nargs='?', help='reboot-node, node-down, node-up: the node (reboot-node: pve1 by default)')
+    lab.add_argument('--nodes', type=int, help='up: how many nodes the cluster has (1 to 4; default: as it is)')
+    lab.add_argument('--gpus', help='up: GPU stand-ins per node, one count or one per node (8,4,0)')
+    lab.add_argument('--drivers', help='up: the NVIDIA driver version per node, one or one per node')
     lab.add_argument('--json', action='store_true', help='print the status as JSON')
     lab.set_defaults(func=lab_command)
     profile = sub.add_parser('profile', help="a venv profile's lock")

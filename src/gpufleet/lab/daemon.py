@@ -48,9 +48,11 @@ class LabPve(FakePve):
     def __init__(self, lab, creds):
         super().__init__(user='root@pam', password=creds['api_password'], host=lab.api_host, port=lab.api_port)
         self.lab = lab
-        self.backend = Containers(lab)
+        # one backend per node: the containers share the host's LXC, each node has its own device nodes
+        self.backends = dict((node.node, Containers(node)) for node in lab.cluster())
+        self.backend = self.backends[lab.node]
         self.time_scale = 0.0
-        self.nodes = {lab.node: {'online': True}}
+        self.nodes = dict((name, {'online': True}) for name in self.backends)
         token = '{0}!{1}'.format(creds['api_user'], creds['api_token_id'])
         self.apitokens[token] = creds['api_token_secret']
         self.grant(token, '/', *TOKEN_PRIVILEGES)
@@ -69,20 +71,25 @@ class LabPve(FakePve):
             saved = {'cts': []}
         # Tickets stay valid across a restart, as they do across a pveproxy restart on PVE.
         self.tickets.update(saved.get('tickets') or {})
+        for name in saved.get('offline') or []:
+            if name in self.nodes:
+                self.nodes[name]['online'] = False
         for item in saved['cts']:
             real = self.backend.state(item['vmid'])
             ct = self.add_ct(item['vmid'], node=item.get('node', self.lab.node),
                              status='running' if real == 'running' else 'stopped',
                              config=item['config'], pending=item.get('pending') or {}, defaults=False)
             if real is None:
-                self.backend.ensure(ct.vmid, ct.config)
+                self.backend_of(ct.vmid).ensure(ct.vmid, ct.config)
         self.save()
 
     def save(self):
         cts = [{'vmid': ct.vmid, 'node': ct.node, 'status': ct.status, 'config': ct.config,
                 'pending': ct.pending} for ct in sorted(self.cts, key=lambda c: c.vmid)]
-        write_json(self.lab.state_file, {'cts': cts, 'tickets': self.tickets}, mode=0o600)
-        os.makedirs(self.lab.pve_conf_dir, exist_ok=True)
+        write_json(self.lab.state_file, {'cts': cts, 'tickets': self.tickets, 'offline': sorted(
+            name for name, node in self.nodes.items() if not node.get('online', True))}, mode=0o600)
+        for name in self.nodes:
+            os.makedirs(self.conf_dir(name), exist_ok=True)
         link = os.path.join(self.lab.pve_root, 'lxc')
         if os.path.isdir(link) and not os.path.islink(link):
             # A lab made before configs moved under nodes/<node>/lxc: move them there.
@@ -93,8 +100,8 @@ class LabPve(FakePve):
             os.symlink(os.path.join('nodes', self.lab.node, 'lxc'), link)
         keep = set()
         for ct in self.cts:
-            path = self.lab.pve_conf(ct.vmid)
-            keep.add(os.path.basename(path))
+            path = self.conf_path(ct)
+            keep.add(path)
             text = pveconf.dump(ct.config, ct.pending)
             try:
                 with open(path) as fh:
@@ -105,14 +112,29 @@ class LabPve(FakePve):
             with open(path + '.tmp', 'w') as fh:
                 fh.write(text)
             os.replace(path + '.tmp', path)
-        for name in os.listdir(self.lab.pve_conf_dir):
-            if name.endswith('.conf') and name not in keep:
-                os.unlink(os.path.join(self.lab.pve_conf_dir, name))
+        # a container lives in its node's directory only (a migrated one leaves the old node's)
+        for name in self.nodes:
+            for entry in os.listdir(self.conf_dir(name)):
+                path = os.path.join(self.conf_dir(name), entry)
+                if entry.endswith('.conf') and path not in keep:
+                    os.unlink(path)
+
+    def conf_dir(self, node):
+        """/etc/pve/nodes/<node>/lxc."""
+        return os.path.join(self.lab.pve_root, 'nodes', node, 'lxc')
+
+    def conf_path(self, ct):
+        return os.path.join(self.conf_dir(ct.node), '{0}.conf'.format(ct.vmid))
+
+    def backend_of(self, vmid):
+        """The backend of the node the container is on (the first node's for one the API no longer has)."""
+        ct = self.ct(vmid)
+        return self.backends.get(ct.node, self.backend) if ct is not None else self.backend
 
     def absorb_raw(self, ct):
         """Raw `lxc.*` lines edited into the node's .conf file are part of the config, as on PVE."""
         try:
-            with open(self.lab.pve_conf(ct.vmid)) as fh:
+            with open(self.conf_path(ct)) as fh:
                 raw = pveconf.parse(fh.read())[0].get('lxc', [])
         except OSError:
             return
@@ -163,16 +185,17 @@ class LabPve(FakePve):
             self.absorb_raw(ct)
         wanted = None if ct is None else {'status': ct.status, 'config': dict(ct.config)}
         loop = asyncio.get_running_loop()
+        backend = self.backend_of(vmid)
         async with self._ct_lock(vmid):
             try:
-                refused, failed = await loop.run_in_executor(None, self.backend.reconcile, vmid, wanted)
+                refused, failed = await loop.run_in_executor(None, backend.reconcile, vmid, wanted)
             except BackendError:
-                if ct is not None and ct.status == 'running' and self.backend.state(vmid) != 'running':
+                if ct is not None and ct.status == 'running' and backend.state(vmid) != 'running':
                     ct.status, ct.pid = 'stopped', None
                 self.save()
                 raise
         if ct is not None:
-            applied = self.backend.applied(vmid)
+            applied = backend.applied(vmid)
             for key in refused:
                 ct.pending[key] = ct.config.get(key)
                 if key in applied:
@@ -193,7 +216,7 @@ class LabPve(FakePve):
             try:
                 if ttype == 'vzreboot':
                     # A reboot is a stop and a start: the real container starts again with the new config.
-                    await asyncio.get_running_loop().run_in_executor(None, self.backend.stop, vmid)
+                    await asyncio.get_running_loop().run_in_executor(None, self.backend_of(vmid).stop, vmid)
                 await self._sync(vmid)
             except BackendError as e:
                 # The task's own record: the one running task of this type on this container.
@@ -211,15 +234,15 @@ class LabPve(FakePve):
             self.absorb_raw(ct)
         return await super()._lxc_config_get(user, v)
 
-    def check_devices(self, values):
-        """A devN whose path is not a device of this node is refused before anything is written, at create and at
+    def check_devices(self, node, values):
+        """A devN whose path is not a device of the node is refused before anything is written, at create and at
         a config change: pve-container src/PVE/LXC/Config.pm update_pct_config ("Validate device"), which
         API2/LXC.pm's create calls before the task and API2/LXC/Config.pm's PUT under the config lock; the die
         is the API's 500."""
         for key, value in values.items():
             if re.fullmatch(r'dev\d+', key):
                 try:
-                    lxcconf.device_node(lxcconf.split_props(value, 'path'), self.lab.dev_dir)
+                    lxcconf.device_node(lxcconf.split_props(value, 'path'), self.backends[node].lab.dev_dir)
                 except lxcconf.ConfigError as e:
                     raise PveError(500, str(e)) from None
 
@@ -230,16 +253,17 @@ class LabPve(FakePve):
         return int(str(self.version).split('.')[0]) >= 9
 
     async def _lxc_create(self, user, v):
-        self.check_devices(v)
+        if v.get('node') in self.backends:
+            self.check_devices(v['node'], v)
         return await super()._lxc_create(user, v)
 
     async def _lxc_config_put(self, user, v):
         ct = self.ct(int(v['vmid']))
         if ct is not None:
             self.absorb_raw(ct)
-        self.check_devices(v)
+            self.check_devices(ct.node, v)
         before = (copy.deepcopy(ct.config), copy.deepcopy(ct.pending)) if ct is not None else ({}, {})
-        applied = self.backend.applied(ct.vmid) if ct is not None else {}
+        applied = self.backend_of(ct.vmid).applied(ct.vmid) if ct is not None else {}
         result = await super()._lxc_config_put(user, v)
         ct = self.ct(int(v['vmid']))
         if ct is not None and ct.status == 'running':
@@ -252,7 +276,7 @@ class LabPve(FakePve):
                 # "don't write to config if we get any errors", raise_param_exc; Config.pm vmconfig_hotplug_pending
                 # words each "unable to hotplug $opt: $msg"). What was applied live stays so, as on PVE.
                 ct.config, ct.pending = before
-                self.backend.save_applied(ct.vmid, applied)
+                self.backend_of(ct.vmid).save_applied(ct.vmid, applied)
                 self.save()
                 raise PveError(400, 'Parameter verification failed.', dict(
                     (key, 'unable to hotplug {0}: {1}'.format(key, why)) for key, why in sorted(failed.items())))
@@ -277,26 +301,36 @@ class LabPve(FakePve):
         return app
 
     async def _c_node(self, request):
-        """{phase}: down - the node goes down, every container with it; up - the node is back: the containers with
-        onboot start in their startup order, then by vmid, each in a vzstart task of its own, as pve-guests.service
-        starts them (pve-manager PVE/API2/Nodes.pm startall, get_start_stop_list: onboot guests sorted by their
-        startup order). Returns [{vmid, upid, exitstatus}] for up."""
-        phase = (await request.json())['phase']
+        """{node, phase, offline}: down - the node goes down, every container of it with it (offline: and the
+        cluster sees it offline, as a node that is off or cut off: requests for it fail with 595, its guests'
+        status is unknown); up - the node is back (online): its containers with onboot start in their startup
+        order, then by vmid, each in a vzstart task of its own, as pve-guests.service starts them (pve-manager
+        PVE/API2/Nodes.pm startall, get_start_stop_list: onboot guests sorted by their startup order). Returns
+        [{vmid, upid, exitstatus}] for up."""
+        spec = await request.json()
+        node = spec.get('node') or self.lab.node
+        if node not in self.backends:
+            raise web.HTTPNotFound(text='no node {0}'.format(node))
+        mine = [ct for ct in self.cts if ct.node == node]
         loop = asyncio.get_running_loop()
-        if phase == 'down':
-            for ct in self.cts:
+        if spec['phase'] == 'down':
+            for ct in mine:
                 async with self._ct_lock(ct.vmid):
-                    await loop.run_in_executor(None, self.backend.stop, ct.vmid)
+                    await loop.run_in_executor(None, self.backends[node].stop, ct.vmid)
                 ct.status, ct.pid = 'stopped', None
+            if spec.get('offline'):
+                self.set_node_offline(node)
             self.note_status()
             self.save()
             return web.json_response(True)
+        self.set_node_offline(node, False)
+        self.save()
 
         def order(ct):
             startup = lxcconf.split_props(ct.config['startup'], 'order') if ct.config.get('startup') else {}
             return (int(startup['order']) if str(startup.get('order', '')).isdigit() else 1 << 30, ct.vmid)
         started = []
-        for ct in sorted((c for c in self.cts if str(c.config.get('onboot', 0)) in ('1', 'True', 'true')), key=order):
+        for ct in sorted((c for c in mine if str(c.config.get('onboot', 0)) in ('1', 'True', 'true')), key=order):
             upid = await self._lxc_start('root@pam', {'node': ct.node, 'vmid': ct.vmid})
             record = self.tasks.get(upid) or {}
             started.append({'vmid': ct.vmid, 'upid': upid, 'exitstatus': record.get('exitstatus')})
@@ -352,7 +386,7 @@ class LabPve(FakePve):
     async def _c_state(self, request):
         out = []
         for ct in sorted(self.cts, key=lambda c: c.vmid):
-            out.append({'vmid': ct.vmid, 'api': ct.status, 'real': self.backend.state(ct.vmid),
+            out.append({'vmid': ct.vmid, 'node': ct.node, 'api': ct.status, 'real': self.backend.state(ct.vmid),
                         'hostname': ct.name, 'lock': ct.lock})
         return web.json_response(out)
 
@@ -376,7 +410,8 @@ async def serve(lab):
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print('lab: PVE API on {0}, node {1}, {2} containers'.format(pve.url, lab.node, len(pve.cts)), flush=True)
+    print('lab: PVE API on {0}, node(s) {1}, {2} containers'.format(pve.url, ', '.join(pve.nodes), len(pve.cts)),
+          flush=True)
     await stop.wait()
     await runner.cleanup()
     await pve.stop()

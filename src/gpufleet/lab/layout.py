@@ -9,7 +9,8 @@ and safe to keep (the Debian base, downloaded wheels) lives under `cache`
 
 import json
 import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 
 NODE = 'pve1'
 TEMPLATE = 'debian-12-standard_12.12-1_amd64.tar.zst'
@@ -28,6 +29,15 @@ DRIVER_VERSION = '580.95.05'
 TORCH_PIN = 'torch==2.13.0+cpu'
 # uv, seeded into the wheelhouse so containers can install it offline.
 UV_PIN = 'uv==0.13.9'
+# A cluster of up to this many nodes (`gpufleet lab up --nodes N`): pve1, pve2, ... with sshd on 2201, 2202, ...
+MAX_NODES = 4
+# The first node's /dev is the host's (its containers bind the host's device nodes).
+HOST_DEV = '/dev'
+NODE_NAME = re.compile(r'^pve([1-9][0-9]*)$')
+
+
+class NodeError(ValueError):
+    """A lab node that is not there, or a cluster the lab cannot be."""
 
 
 @dataclass
@@ -40,11 +50,66 @@ class Lab:
     ssh_port: int = SSH_PORT
     bridge: str = BRIDGE
     gpus: int = field(default_factory=lambda: int(os.environ.get('GPUFLEET_LAB_GPUS', GPU_COUNT)))
-    dev_dir: str = '/dev'
+    dev_dir: str = HOST_DEV
     pct_link: str = '/usr/local/sbin/pct'
+    driver_version: str = DRIVER_VERSION
 
     def path(self, *parts):
         return os.path.join(self.root, *parts)
+
+    # -- the cluster's nodes ---------------------------------------------------
+    # The first node (pve1) keeps its files where a one-node lab has them (the lab's root, the host's /dev); every
+    # other node has its own directory, nodes/<name>/, with its own /dev, /proc, driver, sshd and node files. The
+    # API, the containers' storage and the cluster's /etc/pve are shared, as in a PVE cluster.
+    @property
+    def nodes_file(self):
+        """[{name, ssh_port, gpus, driver}]: the cluster `up` made (absent: one node, pve1)."""
+        return self.path('nodes.json')
+
+    def node_specs(self):
+        try:
+            with open(self.nodes_file) as fh:
+                specs = json.load(fh)
+        except (OSError, ValueError):
+            specs = None
+        return specs or [{'name': NODE, 'ssh_port': SSH_PORT, 'gpus': self.gpus, 'driver': DRIVER_VERSION}]
+
+    def on(self, name):
+        """This lab as node `name` sees it (its sshd, /dev, /proc, driver, node files and /etc/pve/nodes/<name>)."""
+        for spec in self.node_specs():
+            if spec['name'] == name:
+                first = name == NODE
+                return replace(self, node=name, ssh_port=spec['ssh_port'], gpus=spec['gpus'],
+                               driver_version=spec['driver'],
+                               dev_dir=HOST_DEV if first else self.path('nodes', name, 'dev'))
+        raise NodeError('the lab has no node {0!r} (it has {1})'.format(
+            name, ', '.join(s['name'] for s in self.node_specs())))
+
+    def cluster(self):
+        """Every node of the lab, each as it sees itself."""
+        return [self.on(spec['name']) for spec in self.node_specs()]
+
+    @classmethod
+    def here(cls):
+        """The lab as the node this process runs on sees it: the node's sshd names it (GPUFLEET_LAB_NODE), a
+        process started on the host itself is on the first node."""
+        lab = cls()
+        return lab.on(os.environ.get('GPUFLEET_LAB_NODE') or lab.node)
+
+    @property
+    def node_root(self):
+        """Where this node's own files live."""
+        return self.root if self.node == NODE else self.path('nodes', self.node)
+
+    @property
+    def node_files(self):
+        """The node's own /: the files the collection writes on the node (boot units, scripts, caches)."""
+        return os.path.join(self.node_root, 'node')
+
+    @property
+    def driver_dir(self):
+        """The node's stand-in driver: lib/ (libcuda.so.<version>, ...) and bin/ (nvidia-smi)."""
+        return os.path.join(self.node_root, 'driver')
 
     # -- lab state -------------------------------------------------------
     @property
@@ -85,12 +150,18 @@ class Lab:
 
     @property
     def ssh_dir(self):
+        """The lab's ssh keys (one client key and one host key for every node) and the first node's sshd."""
         return self.path('ssh')
+
+    @property
+    def sshd_dir(self):
+        """This node's sshd: its config and pid file."""
+        return self.ssh_dir if self.node == NODE else os.path.join(self.node_root, 'ssh')
 
     @property
     def proc_dir(self):
         """The lab's stand-in for the node's /proc: devices and driver/nvidia/version."""
-        return self.path('proc')
+        return os.path.join(self.node_root, 'proc')
 
     @property
     def wheelhouse(self):

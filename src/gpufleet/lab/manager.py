@@ -11,11 +11,92 @@ import time
 from . import host
 from .containers import Containers
 from .control import Control
-from .layout import Lab, TEMPLATE
+from .layout import DRIVER_VERSION, MAX_NODES, NODE, SSH_PORT, Lab, NodeError, TEMPLATE, write_json
 
 
-def up(lab=None, say=print):
-    """Bring the lab node up, or make sure it is; returns what `status` returns."""
+def _per_node(option, text, count, default):
+    """A comma-separated value per node (one value: every node the same)."""
+    values = [v.strip() for v in str(text).split(',')]
+    if len(values) == 1:
+        values = values * count
+    if len(values) != count or not all(values):
+        raise host.LabError('{0} needs one value, or one per node ({1}), got {2!r}'.format(option, count, text))
+    return [default(v) for v in values]
+
+
+def plan_nodes(lab, count=None, gpus=None, drivers=None):
+    """The cluster `up` makes: [{name, ssh_port, gpus, driver}], pve1 first. Without options, the one the lab
+    has; with them, count nodes (1 to MAX_NODES), each with its GPU count and driver version (--gpus 8,4,0,
+    --drivers 580.95.05,570.172.08,...; one value for all). A node that holds containers is not taken away."""
+    current = lab.node_specs()
+    if count is None and gpus is None and drivers is None:
+        return current
+    count = len(current) if count is None else count
+    if not isinstance(count, int) or not 1 <= count <= MAX_NODES:
+        raise host.LabError('--nodes must be from 1 to {0}, got {1!r}'.format(MAX_NODES, count))
+
+    def gpu_count(text):
+        if not text.isdigit() or int(text) > 16:
+            raise host.LabError('--gpus takes GPU counts from 0 to 16, got {0!r}'.format(text))
+        return int(text)
+
+    def version(text):
+        parts = text.split('.')
+        if len(parts) < 2 or not all(p.isdigit() for p in parts):
+            raise host.LabError('--drivers takes NVIDIA driver versions such as 580.95.05, got {0!r}'.format(text))
+        return text
+    old = dict((spec['name'], spec) for spec in current)
+    names = ['pve{0}'.format(i + 1) for i in range(count)]
+    counts = _per_node('--gpus', gpus, count, gpu_count) if gpus is not None else [
+        old.get(n, {}).get('gpus', lab.gpus) for n in names]
+    versions = _per_node('--drivers', drivers, count, version) if drivers is not None else [
+        old.get(n, {}).get('driver', DRIVER_VERSION) for n in names]
+    held = sorted(set(item.get('node') for item in _saved_containers(lab)) - set(names) - {None})
+    if held:
+        raise host.LabError('node(s) {0} hold containers: destroy them (or gpufleet lab reset) before taking the '
+                            'node away'.format(', '.join(held)))
+    return [{'name': n, 'ssh_port': SSH_PORT + i, 'gpus': counts[i], 'driver': versions[i]}
+            for i, n in enumerate(names)]
+
+
+def _saved_containers(lab):
+    try:
+        with open(lab.state_file) as fh:
+            return json.load(fh).get('cts') or []
+    except (OSError, ValueError):
+        return []
+
+
+def set_nodes(lab, specs, record):
+    """Write the cluster down; the nodes it no longer has are taken away (their sshd, device nodes and files), and
+    a node whose GPUs or driver change gets its stand-ins made again."""
+    before = dict((spec['name'], spec) for spec in lab.node_specs())
+    wanted = dict((spec['name'], spec) for spec in specs)
+    if before == wanted:
+        return
+    host.stop_daemon(lab)  # it serves the nodes it started with (and would write the old nodes' files back)
+    for name, spec in before.items():
+        if wanted.get(name) == spec:
+            continue
+        old = lab.on(name)
+        host.remove_gpus(record, old)
+        if name not in wanted:
+            host.stop_sshd(old)
+            for path in (old.node_root, os.path.join(lab.pve_root, 'nodes', name)):
+                if os.path.isdir(path):
+                    shutil.rmtree(path)
+    if os.path.isdir(lab.path('nodes')) and not os.listdir(lab.path('nodes')):
+        os.rmdir(lab.path('nodes'))
+    if specs == [{'name': NODE, 'ssh_port': SSH_PORT, 'gpus': lab.gpus, 'driver': DRIVER_VERSION}]:
+        if os.path.exists(lab.nodes_file):
+            os.unlink(lab.nodes_file)
+    else:
+        write_json(lab.nodes_file, specs)
+
+
+def up(lab=None, say=print, nodes=None, gpus=None, drivers=None):
+    """Bring the lab up, or make sure it is; returns what `status` returns. nodes, gpus, drivers: the cluster to
+    make (see plan_nodes); without them, the one the lab has (one node, pve1, at first)."""
     lab = lab or Lab()
     problems = host.preflight()
     if problems:
@@ -24,23 +105,38 @@ def up(lab=None, say=print):
     os.makedirs(lab.root, mode=0o755, exist_ok=True)
     record = lab.record()
     try:
+        specs = plan_nodes(lab, nodes, gpus, drivers)
         host.ensure_subids(record)
         host.ensure_base(lab, say)
         host.ensure_wheelhouse(lab, say)
-        host.ensure_gpus(lab, record, say)
+        set_nodes(lab, specs, record)
+        for node in lab.cluster():
+            host.ensure_gpus(node, record, say)
         host.ensure_network(lab, record)
         host.ensure_tls(lab)
         host.ensure_credentials(lab)
-        host.ensure_sshd(lab)
+        for node in lab.cluster():
+            if node.node not in _offline(lab):
+                host.ensure_sshd(node)
         host.ensure_pct(lab, record)
         os.makedirs(lab.lxcpath, exist_ok=True)
         host.start_daemon(lab)
         host.wait_api(lab)
     finally:
         lab.save_record(record)
-    say('lab up in {0:.1f} s: PVE API https://{1}:{2}, node {3}, ssh root@127.0.0.1:{4}'.format(
-        time.monotonic() - started, lab.api_host, lab.api_port, lab.node, lab.ssh_port))
+    say('lab up in {0:.1f} s: PVE API https://{1}:{2}, {3}'.format(
+        time.monotonic() - started, lab.api_host, lab.api_port, ', '.join(
+            'node {0} (ssh root@127.0.0.1:{1}, {2} GPUs)'.format(n.node, n.ssh_port, n.gpus) for n in lab.cluster())))
     return status(lab)
+
+
+def _offline(lab):
+    """The nodes `node-down` took down (the API's saved state says so)."""
+    try:
+        with open(lab.state_file) as fh:
+            return set(json.load(fh).get('offline') or [])
+    except (OSError, ValueError):
+        return set()
 
 
 def down(lab=None, say=print):
@@ -51,7 +147,8 @@ def down(lab=None, say=print):
     containers = Containers(lab)
     for vmid in containers.all():
         containers.destroy(vmid)
-    host.stop_sshd(lab)
+    for node in lab.cluster():
+        host.stop_sshd(node)
     host.remove_pct(record)
     host.remove_gpus(record)
     host.remove_network(record)
@@ -72,17 +169,18 @@ def reset(lab=None, say=print):
     for path in (lab.state_file,):
         if os.path.exists(path):
             os.unlink(path)
-    if os.path.isdir(lab.pve_conf_dir):
-        shutil.rmtree(lab.pve_conf_dir)
+    for node in lab.cluster():
+        if os.path.isdir(node.pve_conf_dir):
+            shutil.rmtree(node.pve_conf_dir)
     host.remove_lxc_cgroups()
     say('lab reset: no containers')
     return up(lab, say)
 
 
 def run_boot_units(lab):
-    """The node's own boot: each unit enabled under the lab node's /etc/systemd/system (multi-user.target.wants, in
+    """The node's own boot: each unit enabled under the node's /etc/systemd/system (multi-user.target.wants, in
     name order) run as systemd would, before pve-guests starts the onboot containers; {unit: [exit code, output]}."""
-    wants = lab.path('node', 'etc', 'systemd', 'system', 'multi-user.target.wants')
+    wants = os.path.join(lab.node_files, 'etc', 'systemd', 'system', 'multi-user.target.wants')
     ran = {}
     for unit in sorted(glob.glob(os.path.join(wants, '*.service'))):
         with open(unit) as fh:
@@ -94,26 +192,56 @@ def run_boot_units(lab):
     return ran
 
 
-def reboot_node(lab=None, say=print):
-    """The node reboots, as its containers and GPUs see it: every container stops; the NVIDIA device nodes are gone
-    and nvidia-uvm comes back on another major; the node's boot units run; then the containers with onboot start
-    as pve-guests starts them, each failing where a device it passes through is missing. Returns {uvm_major,
-    units, started: [{vmid, exitstatus}]}."""
-    lab = lab or Lab()
-    record = lab.record()
-    control = Control(lab)
-    control.call('POST', '/node', {'phase': 'down'})
+def _node(lab, name):
     try:
-        uvm = host.lose_gpu_nodes(lab, record)
+        return lab.on(name or lab.node)
+    except NodeError as e:
+        raise host.LabError(str(e)) from None
+
+
+def node_down(lab=None, name=None, offline=True, say=print):
+    """The node goes down (off, or cut off from the cluster): its containers stop, its sshd stops, its NVIDIA device
+    nodes go with its /dev; the cluster sees it offline (the API answers requests for it with 595 and shows its
+    guests' status as unknown). offline=False: it is going down to come straight back (a reboot). Returns
+    {node, uvm_major}: the major nvidia-uvm will have when it is back."""
+    lab = lab or Lab()
+    node = _node(lab, name)
+    record = lab.record()
+    Control(lab).call('POST', '/node', {'node': node.node, 'phase': 'down', 'offline': bool(offline)})
+    if offline:
+        host.stop_sshd(node)
+    try:
+        uvm = host.lose_gpu_nodes(node, record) if node.gpus else None
     finally:
         lab.save_record(record)
-    units = run_boot_units(lab)
-    started = control.call('POST', '/node', {'phase': 'up'})
+    if offline:
+        say('node {0} is down'.format(node.node))
+    return {'node': node.node, 'uvm_major': uvm}
+
+
+def node_up(lab=None, name=None, say=print):
+    """The node boots: its sshd starts, its boot units run (none of the lab's own stand-ins: what makes the NVIDIA
+    device nodes is the node's business), the cluster sees it online, and its containers with onboot start as
+    pve-guests starts them, each failing where a device it passes through is missing. Returns {node, units,
+    started: [{vmid, exitstatus}]}."""
+    lab = lab or Lab()
+    node = _node(lab, name)
+    host.ensure_sshd(node)
+    units = run_boot_units(node)
+    started = Control(lab).call('POST', '/node', {'node': node.node, 'phase': 'up'})
     for unit, (code, out) in sorted(units.items()):
         say('boot: {0} exited {1}{2}'.format(unit, code, ': ' + out.splitlines()[-1] if out else ''))
     for item in started:
         say('onboot CT {0}: {1}'.format(item['vmid'], item['exitstatus']))
-    return {'uvm_major': uvm, 'units': units, 'started': started}
+    return {'node': node.node, 'units': units, 'started': started}
+
+
+def reboot_node(lab=None, name=None, say=print):
+    """The node reboots, as its containers and GPUs see it: every container of it stops; the NVIDIA device nodes
+    are gone and nvidia-uvm comes back on another major; the node's boot units run; then the containers with
+    onboot start as pve-guests starts them. Returns {node, uvm_major, units, started: [{vmid, exitstatus}]}."""
+    down = node_down(lab, name, offline=False, say=say)
+    return dict(down, **node_up(lab, name, say=say))
 
 
 def status(lab=None):
@@ -126,6 +254,9 @@ def status(lab=None):
         'sshd_running': host.sshd_running(lab),
         'bridge': os.path.isdir('/sys/class/net/{0}'.format(lab.bridge)),
         'gpus': record.get('gpus', {}),
+        'nodes': [{'name': n.node, 'ssh_port': n.ssh_port, 'sshd_running': host.sshd_running(n), 'gpus': n.gpus,
+                   'driver': n.driver_version, 'uvm_major': (record.get(host.gpu_record_key(n)) or {}).get('uvm_major')}
+                  for n in lab.cluster()],
         'template': 'local:vztmpl/' + TEMPLATE,
         'containers': [],
     }
@@ -143,20 +274,22 @@ def status(lab=None):
 def render_status(st):
     lines = ['lab: {0}'.format('up' if st['api_running'] else 'down'),
              '  PVE API  {0}  ({1})'.format(st['api'], 'running' if st['api_running'] else 'not running'),
-             '  sshd     {0}'.format('running' if st['sshd_running'] else 'not running'),
              '  bridge   {0}'.format('present' if st['bridge'] else 'absent')]
     gpus = st.get('gpus') or {}
-    if gpus:
-        lines.append('  GPUs     {0}'.format('real NVIDIA nodes' if gpus.get('real') else
-                                             '{0} stand-ins (nvidia-uvm major {1})'.format(gpus.get('count'),
-                                                                                         gpus.get('uvm_major'))))
+    for node in st.get('nodes') or []:
+        real = node['name'] == NODE and gpus.get('real')
+        lines.append('  node {0}  sshd 127.0.0.1:{1} {2}, {3}'.format(
+            node['name'], node['ssh_port'], 'running' if node['sshd_running'] else 'not running',
+            'real NVIDIA nodes' if real else '{0} GPU stand-ins, driver {1}{2}'.format(
+                node['gpus'], node['driver'], ' (nvidia-uvm major {0})'.format(node['uvm_major'])
+                if node['uvm_major'] else '')))
     lines.append('')
-    lines.append('  {0:<6} {1:<20} {2:<9} {3:<9} {4}'.format('VMID', 'HOSTNAME', 'API', 'LXC', 'AGREE'))
+    lines.append('  {0:<6} {1:<6} {2:<20} {3:<9} {4:<9} {5}'.format('VMID', 'NODE', 'HOSTNAME', 'API', 'LXC', 'AGREE'))
     for ct in st['containers']:
-        agree = ct.get('api') == (ct.get('real') or 'absent')
-        lines.append('  {0:<6} {1:<20} {2:<9} {3:<9} {4}'.format(ct['vmid'], ct.get('hostname') or '-',
-                                                                ct.get('api') or '-', ct.get('real') or '-',
-                                                                'yes' if agree else 'NO'))
+        agree = ct.get('api') == (ct.get('real') or 'absent') or ct.get('api') == 'unknown'
+        lines.append('  {0:<6} {1:<6} {2:<20} {3:<9} {4:<9} {5}'.format(
+            ct['vmid'], ct.get('node') or '-', ct.get('hostname') or '-', ct.get('api') or '-', ct.get('real') or '-',
+            'yes' if agree else 'NO'))
     if not st['containers']:
         lines.append('  (no containers)')
     return '\n'.join(lines)

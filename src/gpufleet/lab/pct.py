@@ -9,9 +9,10 @@
     pct start|stop|shutdown|reboot <vmid>
     pct set <vmid> [--KEY VALUE ...] [--delete KEYS]
 
-Configs are read from the node's /etc/pve/lxc/<vmid>.conf (the lab daemon writes
-them); exec, push and pull enter the real container with lxc-attach; power
-actions and `set` go through the node's API as root@pam, as PVE's own pct does.
+Configs are read from the node's /etc/pve/nodes/<node>/lxc/<vmid>.conf (the lab daemon writes them; the node
+is the one whose sshd runs this pct, see Lab.here), so pct sees only its node's containers, as PVE's does; exec,
+push and pull enter the real container with lxc-attach; power actions and `set` go through the node's API as
+root@pam, as PVE's own pct does.
 """
 
 import json
@@ -220,7 +221,7 @@ class Api:
         self.ctx = ssl.create_default_context(cafile=creds['ca_path'])
         data = self._call('POST', '/access/ticket', {'username': 'root@pam', 'password': creds['api_password']})
         self.headers = {'Cookie': 'PVEAuthCookie=' + data['ticket'], 'CSRFPreventionToken': data['CSRFPreventionToken']}
-        self.node = creds['node']
+        self.node = lab.node
 
     def _call(self, method, path, params=None, headers=None):
         body = urllib.parse.urlencode(params or {}).encode() if method != 'GET' else None
@@ -293,7 +294,7 @@ def main(argv=None):
         print('400 not enough arguments\n' + USAGE, file=sys.stderr)
         return 2
     try:
-        return COMMANDS[name](Lab(), args)
+        return COMMANDS[name](Lab.here(), args)
     except PctError as e:
         print(e, file=sys.stderr)
         return 255

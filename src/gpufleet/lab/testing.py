@@ -52,7 +52,8 @@ class Pve:
         return self.api.nodes(self.node)
 
     def wait(self, upid, timeout=60):
-        return wait_task(self.n, upid, timeout)
+        """A task is asked after on the node that runs it (UPID:<node>:...)."""
+        return wait_task(self.api.nodes(upid.split(':')[1]), upid, timeout)
 
     def ok(self, upid):
         st, log = self.wait(upid)
@@ -79,11 +80,19 @@ class Pve:
         return self.ct(vmid).status.current.get()['status']
 
     def cleanup(self):
+        """Every container this test made, wherever it is in the cluster now."""
+        if not self.made:
+            return
+        try:
+            where = dict((r['vmid'], r['node']) for r in self.api.cluster.resources.get(type='vm'))
+        except Exception:  # noqa: BLE001 - the API forgot this session (a lab reset): nothing of it is left
+            return
         for vmid in self.made:
             try:
-                if self.status(vmid) == 'running':
-                    self.stop(vmid)
-                self.ok(self.ct(vmid).delete())
+                ct = self.api.nodes(where.get(vmid, self.node)).lxc(vmid)
+                if ct.status.current.get()['status'] == 'running':
+                    self.wait(ct.status.stop.post())
+                self.ok(ct.delete())
             except Exception:  # noqa: BLE001 - already gone
                 pass
 

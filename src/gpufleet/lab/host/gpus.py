@@ -3,7 +3,7 @@ driver and nvidia-smi."""
 
 import glob
 import os
-from ..layout import DRIVER_VERSION
+from ..layout import NODE
 
 from ._util import LabError, _write, sh
 
@@ -30,22 +30,30 @@ def free_dynamic_major(exclude=()):
     raise LabError('no free character device major for the nvidia-uvm stand-in')
 
 
+def gpu_record_key(lab):
+    """Where the host record keeps this node's GPU stand-ins: 'gpus' for the first node, 'gpus:<node>' for others."""
+    return 'gpus' if lab.node == NODE else 'gpus:' + lab.node
+
+
 def ensure_gpus(lab, record, say):
-    """N /dev/nvidiaN (195:N), nvidiactl (195:255), nvidia-modeset (195:254), nvidia-uvm and
-    nvidia-uvm-tools on a dynamic major, listed in the lab's /proc/devices with the stand-in driver's
-    version file.  Made only where no real NVIDIA device nodes exist."""
-    gpus = record.get('gpus')
+    """The node's N /dev/nvidiaN (195:minor), nvidiactl (195:255), nvidia-modeset (195:254), nvidia-uvm and
+    nvidia-uvm-tools on a dynamic major, listed in the node's /proc/devices with the stand-in driver's
+    version file. Made only where no real NVIDIA device nodes exist; a node without GPUs has no NVIDIA driver."""
+    key = gpu_record_key(lab)
+    gpus = record.get(key)
     if gpus is None:
         if real_nvidia(lab.dev_dir):
             say('real NVIDIA device nodes found: the lab uses them and makes no stand-ins')
-            record['gpus'] = {'real': True, 'created': [], 'nodes': []}
+            record[key] = {'real': True, 'created': [], 'nodes': []}
             return
         uvm = free_dynamic_major()
         nodes = [('nvidia{0}'.format(i), 195, i) for i in range(lab.gpus)]
-        nodes += [('nvidiactl', 195, 255), ('nvidia-modeset', 195, 254), ('nvidia-uvm', uvm, 0),
-                  ('nvidia-uvm-tools', uvm, 1)]
-        gpus = record['gpus'] = {'real': False, 'created': [], 'uvm_major': uvm, 'count': lab.gpus,
-                                 'nodes': [[os.path.join(lab.dev_dir, n), ma, mi] for n, ma, mi in nodes]}
+        if lab.gpus:
+            nodes += [('nvidiactl', 195, 255), ('nvidia-modeset', 195, 254), ('nvidia-uvm', uvm, 0),
+                      ('nvidia-uvm-tools', uvm, 1)]
+        gpus = record[key] = {'real': False, 'created': [], 'uvm_major': uvm if lab.gpus else None,
+                              'count': lab.gpus, 'nodes': [[os.path.join(lab.dev_dir, n), ma, mi] for n, ma, mi in nodes]}
+    os.makedirs(lab.dev_dir, exist_ok=True)
     for path, major, minor in gpus['nodes']:
         # /dev is rebuilt at boot: make again whatever is gone.
         if not os.path.exists(path):
@@ -97,13 +105,23 @@ def device_minor(index, count):
 
 
 def write_proc(lab, uvm_major):
-    os.makedirs(os.path.join(lab.proc_dir, 'driver', 'nvidia'), exist_ok=True)
+    """The node's /proc as its NVIDIA driver shows it (none where the node has no GPUs), its nvidia-smi and its
+    userspace driver's libraries."""
+    os.makedirs(lab.proc_dir, exist_ok=True)
     with open(os.path.join(lab.proc_dir, 'devices'), 'w') as fh:
-        fh.write('Character devices:\n  1 mem\n  5 /dev/tty\n136 pts\n195 nvidia-frontend\n'
-                 '{0} nvidia-uvm\n\nBlock devices:\n  7 loop\n'.format(uvm_major))
-    smi = lab.path('driver', 'bin', 'nvidia-smi')
-    _write(smi, NVIDIA_SMI.format(version=DRIVER_VERSION, count=lab.gpus).encode(), 0o755)
-    build_driver_libs(lab.path('driver', 'lib'), DRIVER_VERSION)
+        fh.write('Character devices:\n  1 mem\n  5 /dev/tty\n136 pts\n' +
+                 ('195 nvidia-frontend\n{0} nvidia-uvm\n'.format(uvm_major) if lab.gpus else '') +
+                 '\nBlock devices:\n  7 loop\n')
+    with open(os.path.join(lab.proc_dir, 'modules'), 'w') as fh:
+        fh.write('nvidia_uvm 1966080 0 - Live 0x0000000000000000 (PO)\n'
+                 'nvidia_modeset 1568768 0 - Live 0x0000000000000000 (PO)\n'
+                 'nvidia 104071168 2 nvidia_uvm,nvidia_modeset, Live 0x0000000000000000 (PO)\n' if lab.gpus else '')
+    if not lab.gpus:
+        return
+    os.makedirs(os.path.join(lab.proc_dir, 'driver', 'nvidia'), exist_ok=True)
+    smi = os.path.join(lab.driver_dir, 'bin', 'nvidia-smi')
+    _write(smi, NVIDIA_SMI.format(version=lab.driver_version, count=lab.gpus).encode(), 0o755)
+    build_driver_libs(os.path.join(lab.driver_dir, 'lib'), lab.driver_version)
     # /proc/driver/nvidia/gpus/<bus>/information: where the driver says each GPU's device minor (/dev/nvidiaN), the
     # GPU at nvidia-smi's index i sitting on bus 0x18 + 0x10 * i
     gpus_dir = os.path.join(lab.proc_dir, 'driver', 'nvidia', 'gpus')
@@ -114,13 +132,9 @@ def write_proc(lab, uvm_major):
             fh.write('Model: \t\t NVIDIA H100 80GB HBM3 (lab stand-in)\nGPU UUID: \t GPU-1ab0c0de-0000-4000-8000-{0:012d}\n'
                      'Bus Type: \t PCIe\nBus Location: \t {1}\nDevice Minor: \t {2}\nGPU Excluded:\t No\n'.format(
                          i, bus, device_minor(i, lab.gpus)))
-    with open(os.path.join(lab.proc_dir, 'modules'), 'w') as fh:
-        fh.write('nvidia_uvm 1966080 0 - Live 0x0000000000000000 (PO)\n'
-                 'nvidia_modeset 1568768 0 - Live 0x0000000000000000 (PO)\n'
-                 'nvidia 104071168 2 nvidia_uvm,nvidia_modeset, Live 0x0000000000000000 (PO)\n')
     with open(os.path.join(lab.proc_dir, 'driver', 'nvidia', 'version'), 'w') as fh:
         fh.write('NVRM version: NVIDIA UNIX x86_64 Kernel Module  {0}  Tue Sep 30 12:00:00 UTC 2025\n'
-                 'GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n'.format(DRIVER_VERSION))
+                 'GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n'.format(lab.driver_version))
 
 
 # The userspace half of the stand-in driver: real ELF libraries with NVIDIA's names and sonames,
@@ -130,7 +144,11 @@ DRIVER_LIBS = {'libcuda': 'libcuda.so.1', 'libnvidia-ml': 'libnvidia-ml.so.1',
 
 
 def build_driver_libs(directory, version):
+    """The stand-in libraries of this version; those of another version (a node given another driver) go."""
     os.makedirs(directory, exist_ok=True)
+    for name in os.listdir(directory):
+        if any(name.startswith(lib + '.so.') for lib in DRIVER_LIBS) and not name.endswith('.so.' + version):
+            os.unlink(os.path.join(directory, name))
     src = os.path.join(directory, 'standin.c')
     with open(src, 'w') as fh:
         fh.write('/* gpufleet lab: a stand-in for the NVIDIA userspace driver (no GPU behind it). */\n'
@@ -146,9 +164,11 @@ def lose_gpu_nodes(lab, record):
     """What a reboot does to the stand-ins: the device nodes are gone (/dev is a fresh devtmpfs, and the NVIDIA
     driver makes none when it loads: nvidia-modprobe or udev does), and nvidia-uvm loads on another major (the
     kernel's pick). Returns the new major."""
-    gpus = record.get('gpus') or {}
+    gpus = record.get(gpu_record_key(lab)) or {}
     if gpus.get('real'):
         raise LabError('the lab uses real NVIDIA device nodes here; it does not reboot them')
+    if not gpus.get('uvm_major'):
+        return None  # a node without GPUs
     for path, _major, _minor in gpus.get('nodes', []):
         if os.path.lexists(path):
             os.unlink(path)
@@ -161,7 +181,10 @@ def lose_gpu_nodes(lab, record):
     return uvm
 
 
-def remove_gpus(record):
-    for path in record.get('gpus', {}).get('created', []):
-        if os.path.exists(path):
-            os.unlink(path)
+def remove_gpus(record, lab=None):
+    """Take the stand-in device nodes away: every node's, or one node's (lab)."""
+    keys = [gpu_record_key(lab)] if lab is not None else [k for k in record if k == 'gpus' or k.startswith('gpus:')]
+    for key in keys:
+        for path in (record.pop(key, None) or {}).get('created', []):
+            if os.path.exists(path):
+                os.unlink(path)

@@ -12,9 +12,12 @@ from ._util import LabError, _alive, _kill, _pid, _read, _tail, _wait_pidfile, _
 
 # -- sshd -------------------------------------------------------------------------------
 def ensure_sshd(lab):
-    """A real sshd on a loopback port that takes the lab's key for root: the node as Ansible reaches it."""
+    """A real sshd on a loopback port that takes the lab's key for root: the node as Ansible reaches it. Each node of
+    the cluster has its own (its port, its config and pid file), and names its node to what runs in its sessions
+    (GPUFLEET_LAB_NODE: the lab's `pct` there sees that node's containers)."""
     d = lab.ssh_dir
     os.makedirs(d, mode=0o700, exist_ok=True)
+    os.makedirs(lab.sshd_dir, mode=0o700, exist_ok=True)
     host_key = os.path.join(d, 'ssh_host_ed25519_key')
     client_key = os.path.join(d, 'id_ed25519')
     for key in (host_key, client_key):
@@ -24,12 +27,14 @@ def ensure_sshd(lab):
         _write(os.path.join(d, 'authorized_keys'), fh.read().encode(), 0o600)
     with open(host_key + '.pub') as fh:
         host_pub = fh.read().split()
-    known = '[127.0.0.1]:{0} {1} {2}\n'.format(lab.ssh_port, host_pub[0], host_pub[1])
+    known = ''.join('[127.0.0.1]:{0} {1} {2}\n'.format(node['ssh_port'], host_pub[0], host_pub[1])
+                    for node in lab.node_specs())
     _write(os.path.join(d, 'known_hosts'), known.encode(), 0o644)
+    pidfile = os.path.join(lab.sshd_dir, 'sshd.pid')
     config = '\n'.join([
         'ListenAddress 127.0.0.1:{0}'.format(lab.ssh_port),
         'HostKey ' + host_key,
-        'PidFile ' + os.path.join(d, 'sshd.pid'),
+        'PidFile ' + pidfile,
         'AuthorizedKeysFile ' + os.path.join(d, 'authorized_keys'),
         'PermitRootLogin prohibit-password',
         'PasswordAuthentication no',
@@ -39,12 +44,12 @@ def ensure_sshd(lab):
         'MaxSessions 10',
         'MaxStartups 10:30:100',
         'AcceptEnv LANG LC_*',
+        'SetEnv GPUFLEET_LAB_NODE={0}'.format(lab.node),
         'Subsystem sftp /usr/lib/openssh/sftp-server',
     ]) + '\n'
-    conf = os.path.join(d, 'sshd_config')
+    conf = os.path.join(lab.sshd_dir, 'sshd_config')
     before = _read(conf) if os.path.exists(conf) else None
     _write(conf, config.encode(), 0o600)
-    pidfile = os.path.join(d, 'sshd.pid')
     if _alive(pidfile):
         if before != config:  # a lab made with other settings: sshd reads its config again on SIGHUP
             os.kill(_pid(pidfile), signal.SIGHUP)
@@ -56,12 +61,12 @@ def ensure_sshd(lab):
                 time.sleep(0.05)
         return
     os.makedirs('/run/sshd', mode=0o755, exist_ok=True)
-    sh(['/usr/sbin/sshd', '-f', os.path.join(d, 'sshd_config')])
-    _wait_pidfile(os.path.join(d, 'sshd.pid'))
+    sh(['/usr/sbin/sshd', '-f', conf])
+    _wait_pidfile(pidfile)
 
 
 def stop_sshd(lab):
-    _kill(os.path.join(lab.ssh_dir, 'sshd.pid'))
+    _kill(os.path.join(lab.sshd_dir, 'sshd.pid'))
 
 
 # -- pct ----------------------------------------------------------------------------------
@@ -98,10 +103,17 @@ def code_version():
     return h.hexdigest()[:16]
 
 
+def daemon_version(lab):
+    """What the running daemon must have been started with: the lab's code and the cluster's nodes (it serves
+    the nodes it found at its start)."""
+    import json
+    return '{0} {1}'.format(code_version(), json.dumps(lab.node_specs(), sort_keys=True))
+
+
 def start_daemon(lab):
     version_file = lab.path('run', 'pve.version')
     if _alive(lab.daemon_pid):
-        if _read(version_file) == code_version():
+        if _read(version_file) == daemon_version(lab):
             return False
         stop_daemon(lab)
     os.makedirs(os.path.dirname(lab.daemon_pid), exist_ok=True)
@@ -118,7 +130,7 @@ def start_daemon(lab):
             with open(lab.daemon_pid, 'w') as fh:
                 fh.write(str(proc.pid))
             with open(version_file, 'w') as fh:
-                fh.write(code_version())
+                fh.write(daemon_version(lab))
         finally:
             os._exit(0)
     os.waitpid(child, 0)
@@ -153,7 +165,7 @@ def daemon_running(lab):
 
 
 def sshd_running(lab):
-    return _alive(os.path.join(lab.ssh_dir, 'sshd.pid'))
+    return _alive(os.path.join(lab.sshd_dir, 'sshd.pid'))
 
 
 # -- cgroups LXC leaves behind ---------------------------------------------------------------

@@ -1,0 +1,176 @@
+"""The lab as a cluster of three nodes (`gpufleet lab up --nodes 3`): one API that knows every node, and per node
+its own sshd, its own `pct` that sees only its containers, its own device nodes and driver, its own
+/etc/pve/nodes/<node>/lxc; a node that goes down and comes back as PVE shows it."""
+
+import json
+import os
+import subprocess
+
+import pytest
+from gpufleet.lab import manager
+from proxmoxer.core import ResourceException
+
+from conftest import ROOT, Pve, _api, run_playbook
+
+pytestmark = pytest.mark.lab
+
+# pve1: 8 GPUs and the lab's driver; pve2: 4 GPUs and an older driver; pve3: no GPU (a CPU node)
+GPUS = {'pve1': 8, 'pve2': 4, 'pve3': 0}
+DRIVERS = {'pve1': '580.95.05', 'pve2': '570.172.08', 'pve3': '580.95.05'}
+
+
+@pytest.fixture(scope='module')
+def cluster(lab, creds):
+    """The lab grown to three nodes for this module, and back to one after it (its containers gone first)."""
+    manager.up(lab, say=lambda msg: None, nodes=3, gpus=','.join(str(GPUS[n]) for n in sorted(GPUS)),
+               drivers=','.join(DRIVERS[n] for n in sorted(DRIVERS)))
+    pve = Pve(_api(creds, user='root@pam', password=creds['api_password']), creds['node'])
+    try:
+        yield {'lab': lab, 'pve': pve}
+    finally:
+        for node in ('pve2', 'pve3'):
+            if not manager.status(lab)['nodes'][int(node[-1]) - 1]['sshd_running']:
+                manager.node_up(lab, node, say=lambda msg: None)
+        pve.cleanup()
+        manager.up(lab, say=lambda msg: None, nodes=1)
+
+
+def on(cluster, node):
+    """The API's view of one node."""
+    return cluster['pve'].api.nodes(node)
+
+
+def make(cluster, node, vmid, **params):
+    """A container on a node, through the API (cleaned up by the module)."""
+    pve = cluster['pve']
+    params.setdefault('hostname', 'ct{0}'.format(vmid))
+    params.setdefault('storage', 'local-lvm')
+    params.setdefault('net0', 'name=eth0,bridge=vmbr0,ip=10.77.0.{0}/24,gw=10.77.0.1'.format(vmid % 200 + 2))
+    pve.made.append(vmid)
+    return pve.ok(on(cluster, node).lxc.post(vmid=vmid, ostemplate='local:vztmpl/debian-12-standard_12.12-1_amd64'
+                                                                  '.tar.zst', **params))
+
+
+def ssh(creds, node, command):
+    """A command on one node of the lab, over that node's own sshd."""
+    port = 2200 + int(node[len('pve'):])
+    argv = ['ssh', '-i', creds['ssh_private_key_file'], '-o', 'UserKnownHostsFile=' + creds['ssh_known_hosts_file'],
+            '-o', 'StrictHostKeyChecking=yes', '-o', 'BatchMode=yes', '-o', 'ConnectTimeout=5', '-p', str(port),
+            'root@127.0.0.1', command]
+    return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+
+
+OPEN = ('import errno, glob, os\n'
+        'for p in sorted(glob.glob("/dev/nvidia*")):\n'
+        '    try:\n'
+        '        os.close(os.open(p, os.O_RDWR)); print(p, "OK")\n'
+        '    except OSError as e:\n'
+        '        print(p, errno.errorcode[e.errno])\n')
+
+
+def test_one_api_knows_every_node_and_where_each_guest_is(cluster, creds):
+    pve = cluster['pve']
+    assert sorted((n['node'], n['status']) for n in pve.api.nodes.get()) == [
+        ('pve1', 'online'), ('pve2', 'online'), ('pve3', 'online')]
+    make(cluster, 'pve2', 961)
+    make(cluster, 'pve3', 962)
+    where = dict((r['vmid'], r['node']) for r in pve.api.cluster.resources.get(type='vm'))
+    assert (where[961], where[962]) == ('pve2', 'pve3')
+    # each node's /etc/pve/nodes/<node>/lxc holds its own containers' configs
+    assert os.path.exists(os.path.join(cluster['lab'].pve_root, 'nodes', 'pve2', 'lxc', '961.conf'))
+    assert not os.path.exists(os.path.join(cluster['lab'].pve_root, 'nodes', 'pve1', 'lxc', '961.conf'))
+    # a container is asked for on its own node: another node's API path does not have it
+    with pytest.raises(ResourceException) as e:
+        on(cluster, 'pve1').lxc(961).config.get()
+    assert "Configuration file 'nodes/pve1/lxc/961.conf' does not exist" in str(e.value)
+
+
+def listed(lines):
+    """The vmids of `pct list` output."""
+    return [line.split()[0] for line in lines if line.split() and line.split()[0].isdigit()]
+
+
+def test_each_nodes_pct_sees_only_its_own_containers(cluster, creds):
+    make(cluster, 'pve2', 963)
+    cluster['pve'].wait(on(cluster, 'pve2').lxc(963).status.start.post())
+    mine = ssh(creds, 'pve2', 'echo $GPUFLEET_LAB_NODE; pct list; pct exec 963 -- hostname')
+    assert mine.returncode == 0, mine.stderr
+    lines = mine.stdout.splitlines()
+    assert lines[0] == 'pve2' and '963' in listed(lines[1:-1]) and lines[-1] == 'ct963'
+    other = ssh(creds, 'pve1', 'pct list; pct exec 963 -- hostname')
+    assert '963' not in listed(other.stdout.splitlines())
+    assert other.returncode != 0 and "Configuration file 'nodes/pve1/lxc/963.conf' does not exist" in other.stderr
+    # pct's power actions go to its own node's API path
+    stopped = ssh(creds, 'pve2', 'pct stop 963 && pct status 963')
+    assert stopped.returncode == 0 and stopped.stdout.strip() == 'status: stopped', stopped.stderr
+
+
+def test_each_node_has_its_own_gpus_and_driver(cluster, creds):
+    lab = cluster['lab']
+    # pve2 has four GPUs: a fifth is not a device of that node, whatever pve1 has
+    with pytest.raises(ResourceException) as e:
+        make(cluster, 'pve2', 964, dev0='/dev/nvidia5')
+    assert 'Device /dev/nvidia5 does not exist' in str(e.value)
+    with pytest.raises(ResourceException) as e:
+        make(cluster, 'pve3', 965, dev0='/dev/nvidia0')  # the CPU node has none
+    assert 'Device /dev/nvidia0 does not exist' in str(e.value)
+    make(cluster, 'pve2', 966, dev0='path=/dev/nvidia3,mode=0666', dev1='path=/dev/nvidiactl,mode=0666')
+    cluster['pve'].wait(on(cluster, 'pve2').lxc(966).status.start.post())
+    seen = ssh(creds, 'pve2', "pct exec 966 -- python3 -c '{0}'".format(OPEN))
+    assert seen.returncode == 0, seen.stderr
+    assert dict(line.split() for line in seen.stdout.splitlines()) == {'/dev/nvidia3': 'ENXIO',
+                                                                      '/dev/nvidiactl': 'ENXIO'}
+    # each node's driver answers with its own version, in its own /proc
+    for node, version in DRIVERS.items():
+        proc = os.path.join(lab.on(node).proc_dir, 'driver', 'nvidia', 'version')
+        if GPUS[node]:
+            with open(proc) as fh:
+                assert '  {0}  '.format(version) in fh.read()
+        else:
+            assert not os.path.exists(proc)  # no GPU, no NVIDIA driver
+    smi = ssh(creds, 'pve2', '{0}/bin/nvidia-smi --query-gpu=index,driver_version --format=csv,noheader'.format(
+        lab.on('pve2').driver_dir))
+    assert smi.stdout.splitlines() == ['{0}, 570.172.08'.format(i) for i in range(4)]
+
+
+def test_the_lab_inventory_lists_every_node_with_its_own_files(cluster, tmp_path):
+    """inventories/lab describes the cluster the lab has: gpu_devices on each node finds that node's GPUs."""
+    bin_dir = os.path.join(ROOT, '.venv', 'bin')
+    listed = subprocess.run([os.path.join(bin_dir, 'ansible-inventory'), '-i', 'inventories/lab', '--list'],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True)
+    assert sorted(json.loads(listed.stdout)['pve_nodes']['hosts']) == ['pve1', 'pve2', 'pve3']
+    found = run_playbook([{'hosts': 'pve_nodes', 'gather_facts': False, 'tasks': [{'gpufleet.proxmox.gpu_devices': {
+        'dev_dir': "{{ gpu_node_dev_dir | default('/dev') }}", 'proc_root': '{{ gpu_node_proc_root }}',
+        'nvidia_smi': '{{ gpu_node_nvidia_smi }}'}}]}], tmp_path)
+    assert found.rc == 0, found.stdout[-3000:]
+    for node in ('pve1', 'pve2', 'pve3'):
+        facts = found.task(0, node)['ansible_facts']['gpufleet_gpu_devices']
+        assert facts['indexes'] == list(range(GPUS[node]))
+        assert facts['driver_version'] == (DRIVERS[node] if GPUS[node] else None)
+    # the GPU at index 0 of pve2 is its driver's minor 3 (/dev/nvidia3 of pve2's own /dev)
+    assert found.task(0, 'pve2')['ansible_facts']['gpufleet_gpu_devices']['gpus'][0]['path'].endswith('/nvidia3')
+
+
+def test_a_node_that_goes_down_is_offline_to_the_cluster_and_comes_back(cluster, creds):
+    pve = cluster['pve']
+    make(cluster, 'pve3', 967, onboot=1)
+    make(cluster, 'pve3', 968)
+    for vmid in (967, 968):
+        pve.wait(on(cluster, 'pve3').lxc(vmid).status.start.post())
+    manager.node_down(cluster['lab'], 'pve3', say=lambda msg: None)
+    assert dict((n['node'], n['status']) for n in pve.api.nodes.get())['pve3'] == 'offline'
+    status = dict((r['vmid'], r['status']) for r in pve.api.cluster.resources.get(type='vm'))
+    assert (status[967], status[968]) == ('unknown', 'unknown')
+    with pytest.raises(ResourceException) as e:
+        on(cluster, 'pve3').lxc.get()
+    assert e.value.status_code == 595
+    assert ssh(creds, 'pve3', 'true').returncode == 255  # its sshd is gone with it
+    real = dict((c['vmid'], c['real']) for c in manager.status(cluster['lab'])['containers'])
+    assert (real[967], real[968]) == ('stopped', 'stopped')
+    # the rest of the cluster carries on
+    assert on(cluster, 'pve1').lxc.get() is not None
+    back = manager.node_up(cluster['lab'], 'pve3', say=lambda msg: None)
+    assert [(s['vmid'], s['exitstatus']) for s in back['started']] == [(967, 'OK')]
+    assert dict((n['node'], n['status']) for n in pve.api.nodes.get())['pve3'] == 'online'
+    assert ssh(creds, 'pve3', 'pct status 967; pct status 968').stdout.split('\n')[:2] == [
+        'status: running', 'status: stopped']
