@@ -86,10 +86,13 @@ def find_program(name, explicit=None):
     return None
 
 
-def discover(dev_dir='/dev', proc_root='/proc', smi=None, persistenced=None, shares=(), bundle=None):
+def discover(dev_dir='/dev', proc_root='/proc', smi=None, persistenced=None, shares=(), bundle=None,
+             driver_optional=False):
     """Everything a node offers for passthrough, and what is wrong with it (findings with a fix), the
     directories it shares with its containers included (see share_findings), and, given bundle (the options of
-    bundle_files and dest), the driver bundle of the loaded version (see bundle_findings)."""
+    bundle_files and dest), the driver bundle of the loaded version (see bundle_findings). driver_optional: the node
+    may have no NVIDIA driver (a node without GPUs); where none is loaded, that and the device nodes it would make
+    are no finding."""
     majors = char_majors(proc_root)
     version = driver_version(proc_root)
     uvm_major = majors.get('nvidia-uvm')
@@ -151,6 +154,8 @@ def discover(dev_dir='/dev', proc_root='/proc', smi=None, persistenced=None, sha
             findings.append({'code': 'gpu_nodes_missing', 'fix': 'nvidia-modprobe -c {0}'.format(missing[0][0]),
                              'msg': 'nvidia-smi lists GPU(s) {0} without their /dev/nvidiaN node ({1})'.format(
                                  [i for _m, i in missing], ', '.join('/dev/nvidia{0}'.format(m) for m, _i in missing))})
+    if version is None and driver_optional:
+        findings = []  # no driver, no GPUs: nothing to pass through, nothing wanting
     findings.extend(share_findings(shares))
     gathered = None
     if bundle and version:

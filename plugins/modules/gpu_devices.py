@@ -48,6 +48,12 @@ options:
   nvidia_smi:
     description: The nvidia-smi to ask for PCI bus ids; found on C(PATH) when not given.
     type: path
+  driver_optional:
+    description:
+      - The node may have no NVIDIA driver (a node without GPUs). Where none is loaded, that is no finding, nor are
+        the device nodes it would make; the shares are still checked.
+    type: bool
+    default: false
   shares:
     description:
       - The directories the node shares with its containers (gpu_node_shares). Each should be a directory of mode
@@ -129,7 +135,8 @@ def main():
                                                   read_only=dict(type='bool', default=False))),
                                               shares_owner=dict(type='int'),
                                               shares_mode=dict(type='str', default='0755'),
-                                              bundle=dict(type='dict')),
+                                              bundle=dict(type='dict'),
+                                              driver_optional=dict(type='bool', default=False)),
                            supports_check_mode=True)
     p = module.params
     if p['bundle'] is not None:
@@ -140,7 +147,8 @@ def main():
     facts = _nvidia.discover(p['dev_dir'], p['proc_root'], _nvidia.find_program('nvidia-smi', p['nvidia_smi']),
                              _nvidia.find_program('nvidia-persistenced'),
                              [{'path': share['path'], 'owner': None if share['read_only'] else p['shares_owner'],
-                               'mode': p['shares_mode']} for share in p['shares']], p['bundle'])
+                               'mode': p['shares_mode']} for share in p['shares']], p['bundle'],
+                             p['driver_optional'])
     module.exit_json(changed=False, ansible_facts={'gpufleet_gpu_devices': facts})
 
 

@@ -1,6 +1,8 @@
-"""The lab as a cluster of three nodes (`gpufleet lab up --nodes 3`): one API that knows every node, and per node
-its own sshd, its own `pct` that sees only its containers, its own device nodes and driver, its own
-/etc/pve/nodes/<node>/lxc; a node that goes down and comes back as PVE shows it."""
+"""A cluster of three nodes, in one lab brought up once for this module (`gpufleet lab up --nodes 3`).
+
+The lab: one API that knows every node, and per node its own sshd, its own `pct` that sees only its containers,
+its own device nodes and driver, its own /etc/pve/nodes/<node>/lxc; a node that goes down and comes back as PVE
+shows it. The collection: site.yml and drift.yml over a fleet across the three nodes (inventories/lab-cluster)."""
 
 import json
 import os
@@ -10,7 +12,7 @@ import pytest
 from gpufleet.lab import manager
 from proxmoxer.core import ResourceException
 
-from conftest import ROOT, Pve, _api, run_playbook
+from conftest import ROOT, SITE, Pve, _api, run_playbook
 
 pytestmark = pytest.mark.lab
 
@@ -170,7 +172,39 @@ def test_a_node_that_goes_down_is_offline_to_the_cluster_and_comes_back(cluster,
     # the rest of the cluster carries on
     assert on(cluster, 'pve1').lxc.get() is not None
     back = manager.node_up(cluster['lab'], 'pve3', say=lambda msg: None)
-    assert [(s['vmid'], s['exitstatus']) for s in back['started']] == [(967, 'OK')]
+    assert [(s['vmid'], s['exitstatus']) for s in back['started'] if s['vmid'] in (967, 968)] == [(967, 'OK')]
     assert dict((n['node'], n['status']) for n in pve.api.nodes.get())['pve3'] == 'online'
     assert ssh(creds, 'pve3', 'pct status 967; pct status 968').stdout.split('\n')[:2] == [
         'status: running', 'status: stopped']
+
+
+CLUSTER = os.path.join(ROOT, 'inventories', 'lab-cluster')
+DRIFT = os.path.join(ROOT, 'playbooks', 'drift.yml')
+
+
+def test_a_fleet_across_the_nodes_converges_and_a_second_run_changes_nothing(cluster, tmp_path):
+    """inventories/lab-cluster: GPU containers on pve1 and on pve2 (4 GPUs, an older driver), a CPU container on
+    pve3 (no GPU, no NVIDIA driver). Every container joins the inventory through its own node, gets its own node's
+    GPUs and driver, and is verified; a second run and a drift check find nothing to do."""
+    cluster['pve'].made.extend([221, 222, 223])
+    first = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
+    assert first.rc == 0, first.failures() or first.stdout[-3000:]
+    assert sorted(h for h in first.stats if h.startswith(('train', 'util'))) == ['train-c1', 'train-c2', 'util-c3']
+    summary = json.loads((tmp_path / 'reports' / 'summary.json').read_text())
+    assert summary['ok'] and summary['verdict'] == 'verified 3 of 3 container(s)'
+    assert dict((r['host'], r['node']) for r in summary['containers']) == {
+        'train-c1': 'pve1', 'train-c2': 'pve2', 'util-c3': 'pve3'}
+    # pve2's container: pve2's GPU 0 (its driver's minor 3) and pve2's own driver
+    report = json.loads((tmp_path / 'reports' / 'train-c2.json').read_text())
+    assert report['torch']['driver_version'] == DRIVERS['pve2']
+    assert set(report['torch']['device_access']['nodes']) == {
+        '/dev/nvidia3', '/dev/nvidiactl', '/dev/nvidia-uvm', '/dev/nvidia-uvm-tools', '/dev/nvidia-modeset'}
+    c1 = json.loads((tmp_path / 'reports' / 'train-c1.json').read_text())
+    assert c1['torch']['driver_version'] == DRIVERS['pve1'] and '/dev/nvidia7' in c1['torch']['device_access']['nodes']
+    again = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
+    assert again.rc == 0 and all(s['changed'] == 0 for s in again.stats.values()), again.stats
+    # the CPU node has no NVIDIA driver and needs none: no drift on any node or container
+    drift = run_playbook(open(DRIFT).read(), tmp_path, '--check', inventory=CLUSTER)
+    assert drift.rc == 0, drift.failures() or drift.stdout[-3000:]
+    found = json.loads((tmp_path / 'reports' / 'drift' / 'summary.json').read_text())
+    assert found['drift'] is False and found['count'] == 0, found
