@@ -47,7 +47,13 @@ class ActionModule(ControllerAction):
     _VALID_ARGS = frozenset(ARGUMENT_SPEC)
 
     def act(self, args, task_vars):
-        seen = nodes_seen(task_vars.get('hostvars') or {}, task_vars.get('ansible_play_hosts_all') or [])
+        play = task_vars.get('ansible_play_hosts_all') or []
+        seen = nodes_seen(task_vars.get('hostvars') or {}, play)
+        # the inventory's other nodes (a run limited to some nodes): their containers are checked with the fleet,
+        # and left alone
+        for name in (task_vars.get('groups') or {}).get(args['nodes_group']) or []:
+            if name not in seen:
+                seen[name] = {'indexes': None, 'reached': False}
         fleet = _fleet.Fleet(args['containers'], seen, defaults=args['defaults'], passthrough=args['passthrough'],
                              gpu_sharing=args['gpu_sharing'], driver_mount=args['driver_mount'],
                              override=args['override'], gpu_mode=args['gpu_mode'], gpu_gid=args['gpu_gid'])
@@ -69,4 +75,5 @@ class ActionModule(ControllerAction):
             raise AnsibleActionFail(str(e))
         except _pve.PveError as e:
             raise AnsibleActionFail(e.result().get('msg') or str(e))
-        return dict(plan, changed=False, pve_version=version)
+        return dict(plan, changed=False, pve_version=version,
+                    not_reached=sorted(name for name, node in seen.items() if node.get('reached') is False))

@@ -16,7 +16,9 @@ from ansible_collections.gpufleet.proxmox.plugins.plugin_utils._action import Co
 
 class Run(object):
     """What one run left in the inventory, as the report needs it, each host variable read once: the fleet as the
-    first node that read it saw it (with --limit, maybe not the first node), and each container's verify report."""
+    first node that read it saw it (with --limit, maybe not the first node), the part of it this run planned (a run
+    limited to some nodes leaves the others' containers out of the verdict and the drift), and each container's
+    verify report."""
 
     def __init__(self, hostvars, groups, nodes_group, containers_group):
         self.hostvars = hostvars
@@ -24,7 +26,9 @@ class Run(object):
         self.containers = list(groups.get(containers_group) or [])
         reconciles = ((n, self.var(n, 'gpu_container_result')) for n in self.nodes)
         reader, self.reconcile = next(((n, r) for n, r in reconciles if r is not None), (None, {}))
-        self.definition = (self.var(reader, 'gpufleet_containers') or []) if reader else []
+        definition = (self.var(reader, 'gpufleet_containers') or []) if reader else []
+        planned = (self.var(reader, 'gpu_container_plan') or {}).get('hosts') if reader else None
+        self.definition = [e for e in definition if planned is None or not isinstance(e, dict) or e.get('vmid') in planned]
         self.verify_reports = dict((h, host_fact(hostvars, h, 'verify_report')) for h in self.containers)
 
     def var(self, host, name, default=None):

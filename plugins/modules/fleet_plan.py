@@ -62,6 +62,13 @@ options:
     description: Where each node's driver bundle is bound into its GPU containers, read-only (empty for none).
     type: str
     default: ""
+  nodes_group:
+    description:
+      - The inventory group of the cluster's nodes. Its nodes that are not in the play (a run limited to some nodes)
+        are nodes of the fleet all the same - their containers are checked with the rest of the fleet, and left
+        out of the plan.
+    type: str
+    default: pve_nodes
   override:
     description: Container options set on every container after the expansion, as V(state=absent) and V(force=true)
       to destroy the fleet.
@@ -127,6 +134,11 @@ raw:
   description: With raw passthrough, each node to the raw C(lxc.*) lines of each of its GPU containers, by vmid.
   returned: success
   type: dict
+not_reached:
+  description: The nodes of O(nodes_group) that are not in the play; their containers are not in the plan.
+  returned: success
+  type: list
+  elements: str
 hosts:
   description:
     - What the inventory host of each container carries, by vmid - C(hostname), C(entry) (its fleet entry),
@@ -144,6 +156,7 @@ ARGUMENT_SPEC = {
     'containers': {'type': 'list', 'elements': 'raw', 'required': True},
     'defaults': {'type': 'dict', 'default': {}},
     'passthrough': {'type': 'str', 'choices': ['auto', 'devn', 'raw'], 'default': 'auto'},
+    'nodes_group': {'type': 'str', 'default': 'pve_nodes'},
     'gpu_sharing': {'type': 'bool', 'default': False},
     'driver_mount': {'type': 'str', 'default': ''},
     'gpu_mode': {'type': 'str', 'default': '0666'},

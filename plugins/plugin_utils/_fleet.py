@@ -254,7 +254,8 @@ class Fleet(object):
 
     nodes: {node: {indexes: [GPU indexes] or None where gpu_node did not run, minors: {GPU index: device minor},
     gpus: [gpu_devices' entry per GPU], majors: {name: major}, control: [names of the NVIDIA control nodes it has]
-    or None, driver: the driver bundle's path on the node or '', shares: [{path, mp, read_only}]}}.
+    or None, driver: the driver bundle's path on the node or '', shares: [{path, mp, read_only}], reached: False for
+    a node of the cluster that this run does not reach (its containers are checked, and left out of the plan)}}.
     driver_mount: where a node's driver bundle is bound into its GPU containers ('' for none).
     gpu_mode, gpu_gid: how the GPUs' device nodes are made in every container whose entry does not say (devN)."""
 
@@ -268,6 +269,8 @@ class Fleet(object):
         self.override = override or {}
         self.gpu_mode, self.gpu_gid = gpu_mode, gpu_gid
         self.gpus = dict((name, node.get('indexes')) for name, node in self.nodes.items())
+        # the nodes this run reaches (all but those marked reached: False, of a run limited to some nodes)
+        self.reached = set(name for name, node in self.nodes.items() if node.get('reached', True))
         self.driver_mounts = dict(
             (name, '{0},mp={1},ro=1'.format(node['driver'], driver_mount)) for name, node in self.nodes.items()
             if driver_mount and node.get('driver'))
@@ -294,7 +297,11 @@ class Fleet(object):
         if self.passthrough == 'raw' or self.override.get('state') == 'absent':
             return False
         return any(isinstance(e, dict) and (gpu_list(e, self.gpus.get(e.get('node')) or []) or e.get('devices'))
-                   for e in self.containers or [])
+                   for e in self.planned())
+
+    def planned(self):
+        """The entries of the nodes this run reaches (after check(): every entry is a dict with a node)."""
+        return [e for e in self.containers or [] if isinstance(e, dict) and e.get('node') in self.reached]
 
     def node(self, entry):
         return self.nodes.get(entry['node']) or {}
@@ -344,15 +351,13 @@ class Fleet(object):
 
     def expand(self, mode):
         """One lxc_container entry per container, for passthrough mode devn or raw, with the override on top."""
-        return [dict(self.spec(entry, mode), **self.override) for entry in self.containers]
+        return [dict(self.spec(entry, mode), **self.override) for entry in self.planned()]
 
     def raw(self):
         """{node: {vmid: [raw lxc lines]}}: GPU passthrough without devN (PVE before 8.1), for the containers that
         have GPUs."""
         out = {}
-        for entry in self.containers:
-            if entry['node'] not in self.nodes:
-                continue
+        for entry in self.planned():
             node = self.node(entry)
             devices = gpu_nodes(entry, self.gpus.get(entry['node']), minors=node.get('minors'))
             if devices:
@@ -363,7 +368,7 @@ class Fleet(object):
         """{vmid: what each container's inventory host carries}: its hostname and fleet entry, its GPUs (indexes),
         and its node's gpu_devices entries for them."""
         out = {}
-        for entry in self.containers:
+        for entry in self.planned():
             gpus = self.gpus_of(entry)
             out[entry['vmid']] = {'hostname': entry['hostname'], 'entry': entry, 'gpus': gpus,
                                   'gpu_info': [g for g in self.node(entry).get('gpus') or [] if g.get('index') in gpus]}

@@ -208,3 +208,30 @@ def test_a_fleet_across_the_nodes_converges_and_a_second_run_changes_nothing(clu
     assert drift.rc == 0, drift.failures() or drift.stdout[-3000:]
     found = json.loads((tmp_path / 'reports' / 'drift' / 'summary.json').read_text())
     assert found['drift'] is False and found['count'] == 0, found
+
+
+def test_a_run_limited_to_some_nodes_leaves_the_others_alone(cluster, tmp_path):
+    """--limit to pve1 and pve3 (and their containers' groups): their containers are reconciled and verified, the
+    fleet is still checked as a whole, and pve2's container is not touched (its drift stays for a run that
+    reaches it)."""
+    pve = cluster['pve']
+    pve.made.extend([221, 222, 223])
+    full = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
+    assert full.rc == 0, full.failures() or full.stdout[-3000:]
+    on(cluster, 'pve2').lxc(222).config.put(cores=2)  # drift on the node the next run does not reach
+    on(cluster, 'pve1').lxc(221).config.put(cores=2)  # and on one it does
+    limited = run_playbook(open(SITE).read(), tmp_path, '--limit',
+                           'pve1,pve3,gpufleet_containers_pve1,gpufleet_containers_pve3', inventory=CLUSTER)
+    assert limited.rc == 0, limited.failures() or limited.stdout[-3000:]
+    assert sorted(h for h in limited.stats if not h.startswith('pve')) == ['train-c1', 'util-c3']
+    summary = json.loads((tmp_path / 'reports' / 'summary.json').read_text())
+    assert summary['verdict'] == 'verified 2 of 2 container(s)'
+    assert on(cluster, 'pve1').lxc(221).config.get()['cores'] == 1  # repaired
+    assert on(cluster, 'pve2').lxc(222).config.get()['cores'] == 2  # left alone
+    # the fleet is checked as a whole all the same: a problem on the node the run does not reach stops it
+    bad = run_playbook(open(SITE).read(), tmp_path, '--limit', 'pve1', '-e', json.dumps({'gpufleet_containers': [
+        {'vmid': 221, 'hostname': 'train-c1', 'node': 'pve1', 'gpus': [0, 1]},
+        {'vmid': 221, 'hostname': 'dup', 'node': 'pve2', 'gpus': []}]}), inventory=CLUSTER)
+    assert bad.rc != 0 and 'containers[1] (vmid 221).vmid: 221 is also the vmid of containers[0]' in bad.stdout
+    again = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
+    assert again.rc == 0 and on(cluster, 'pve2').lxc(222).config.get()['cores'] == 1

@@ -437,3 +437,16 @@ def test_an_action_only_module_refuses_to_run_without_its_action(name, args, tmp
     result = json.loads(done.stdout)
     assert result['failed'] and result['msg'] == 'gpufleet.proxmox.{0} runs as an action plugin on the controller'.format(
         name), result
+
+
+def test_a_fleet_checks_every_node_and_plans_only_the_reached_ones():
+    nodes = {'pve1': {'indexes': [0, 1]}, 'pve2': {'indexes': None, 'reached': False}}
+    entries = [{'vmid': 200, 'hostname': 'a', 'node': 'pve1', 'gpus': [1]},
+               {'vmid': 201, 'hostname': 'b', 'node': 'pve2', 'gpus': [3]}]
+    fleet = _fleet.Fleet(entries, nodes)
+    fleet.check('9.0.3')  # pve2 is a node of the cluster: its entry is good, its GPUs unknown here
+    plan = fleet.plan('9.0.3')
+    assert [c['vmid'] for c in plan['containers']] == [200] and list(plan['hosts']) == [200]
+    dup = _fleet.Fleet(entries + [dict(entries[0], node='pve2', hostname='c')], nodes)
+    with pytest.raises(_fleet.FleetError, match='200 is also the vmid of containers'):
+        dup.check('9.0.3')
