@@ -48,9 +48,14 @@ class ActionModule(ControllerAction):
 
     def act(self, args, task_vars):
         play = task_vars.get('ansible_play_hosts_all') or []
-        seen = nodes_seen(task_vars.get('hostvars') or {}, play)
-        # the inventory's other nodes (a run limited to some nodes): their containers are checked with the fleet,
-        # and left alone
+        active = set(task_vars.get('ansible_play_hosts') or play)
+        seen = nodes_seen(task_vars.get('hostvars') or {}, [name for name in play if name in active])
+        # the play's nodes that dropped out of it (unreachable, or a task failed there), and the inventory's nodes
+        # outside the play (a run limited to some nodes): their containers are checked with the fleet and left out
+        # of the plan
+        down = sorted(name for name in play if name not in active)
+        for name in down:
+            seen[name] = {'indexes': None, 'reached': False}
         for name in (task_vars.get('groups') or {}).get(args['nodes_group']) or []:
             if name not in seen:
                 seen[name] = {'indexes': None, 'reached': False}
@@ -75,5 +80,5 @@ class ActionModule(ControllerAction):
             raise AnsibleActionFail(str(e))
         except _pve.PveError as e:
             raise AnsibleActionFail(e.result().get('msg') or str(e))
-        return dict(plan, changed=False, pve_version=version,
+        return dict(plan, changed=False, pve_version=version, nodes_down=down,
                     not_reached=sorted(name for name, node in seen.items() if node.get('reached') is False))

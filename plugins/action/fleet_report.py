@@ -27,8 +27,12 @@ class Run(object):
         reconciles = ((n, self.var(n, 'gpu_container_result')) for n in self.nodes)
         reader, self.reconcile = next(((n, r) for n, r in reconciles if r is not None), (None, {}))
         definition = (self.var(reader, 'gpufleet_containers') or []) if reader else []
-        planned = (self.var(reader, 'gpu_container_plan') or {}).get('hosts') if reader else None
-        self.definition = [e for e in definition if planned is None or not isinstance(e, dict) or e.get('vmid') in planned]
+        plan = (self.var(reader, 'gpu_container_plan') or {}) if reader else {}
+        planned = plan.get('hosts')
+        # the nodes the run could not reach: their containers are judged (unreached), not left out
+        self.unreachable = set(plan.get('nodes_down') or [])
+        self.definition = [e for e in definition if planned is None or not isinstance(e, dict)
+                           or e.get('vmid') in planned or e.get('node') in self.unreachable]
         self.verify_reports = dict((h, host_fact(hostvars, h, 'verify_report')) for h in self.containers)
 
     def var(self, host, name, default=None):
@@ -61,7 +65,7 @@ class ActionModule(ControllerAction):
             if args['verdict']:
                 run = args['run'] or {}
                 reports = seen.reports(run.get('id'))
-                verdict = _verdict.fleet(reports, seen.definition, seen.reconcile, run, check_mode)
+                verdict = _verdict.fleet(reports, seen.definition, seen.reconcile, run, check_mode, seen.unreachable)
                 judged = set(row['host'] for row in verdict['containers'] if row['state'] in ('verified', 'failed'))
                 files = dict((r['host'], r) for r in reports if r.get('host') in judged)
                 files['summary'] = verdict

@@ -135,7 +135,16 @@ raw:
   returned: success
   type: dict
 not_reached:
-  description: The nodes of O(nodes_group) that are not in the play; their containers are not in the plan.
+  description:
+    - The nodes whose containers are not in the plan - those of O(nodes_group) outside the play (a run limited
+      to some nodes), and the play's nodes that dropped out of it (RV(nodes_down)).
+  returned: success
+  type: list
+  elements: str
+nodes_down:
+  description:
+    - The play's nodes that dropped out of it before the plan (unreachable, or a task failed there). Their
+      containers are judged unreached, not left out.
   returned: success
   type: list
   elements: str

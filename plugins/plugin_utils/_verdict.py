@@ -132,6 +132,8 @@ NOT_VERIFIED = {
     'stopped': 'CT {vmid} on {node} is {status}, not running',
     'unreached': 'CT {vmid} runs on {node} but was not verified: it was unreachable or an earlier task failed on it',
     'unread': 'CT {vmid} was not read through the API: the containers stage did not run or failed',
+    'node_unreachable': 'CT {vmid} on {node} was not reached: the run could not reach its node (unreachable, or a '
+                        'task failed there)',
 }
 
 
@@ -149,13 +151,14 @@ def found(container, as_found):
     return container.get('status') or 'absent'
 
 
-def fleet(reports, containers, reconcile, run=None, check_mode=False):
+def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachable=()):
     """The fleet's verification as one verdict over every container of the fleet definition, not only the ones
     this run reached. reports: the verify role's reports of this run (others, from an earlier run, are ignored
     where run is given); containers: the fleet definition's entries; reconcile: gpu_container's lxc_container
     result (what the API said of each container; read-only where checked_only). Each container is verified,
     failed (its own findings), missing, stopped, unreached (running, but no report of this run) or unread (the API
-    was not read). Containers that the fleet declares stopped are listed and not counted, unless they are missing."""
+    was not read), unreached also where their node is in unreachable (nodes the run could not reach). Containers
+    that the fleet declares stopped are listed and not counted, unless they are missing."""
     run = run or {}
     mine = [r for r in reports or [] if isinstance(r, dict) and (not run.get('id') or r.get('run') == run['id'])]
     by_host = dict((r.get('host'), r) for r in mine)
@@ -174,7 +177,10 @@ def fleet(reports, containers, reconcile, run=None, check_mode=False):
         c = read.get(vmid)
         status = found(c, as_found)
         node = (c or {}).get('node') or entry.get('node')
-        if c is None:
+        why = None
+        if c is None and node in unreachable:
+            state, why = 'unreached', NOT_VERIFIED['node_unreachable']
+        elif c is None:
             state = 'unread'
         elif status == 'absent':
             state = 'missing'
@@ -182,7 +188,7 @@ def fleet(reports, containers, reconcile, run=None, check_mode=False):
             state = 'stopped'
         else:
             state = 'unreached'
-        why = NOT_VERIFIED[state].format(vmid=vmid, node=node, status=status)
+        why = (why or NOT_VERIFIED[state]).format(vmid=vmid, node=node, status=status)
         expected = declared != 'stopped' or state == 'missing'
         rows.append({'host': host, 'node': node, 'vmid': vmid, 'profile': entry.get('profile'), 'state': state,
                      'ok': False if expected else None, 'expected': expected, 'why': why,

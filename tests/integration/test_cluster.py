@@ -13,6 +13,7 @@ from gpufleet.lab import manager
 from proxmoxer.core import ResourceException
 
 from conftest import ROOT, SITE, Pve, _api, run_playbook
+from test_gpu_container_role import OPEN
 
 pytestmark = pytest.mark.lab
 
@@ -60,14 +61,6 @@ def ssh(creds, node, command):
             '-o', 'StrictHostKeyChecking=yes', '-o', 'BatchMode=yes', '-o', 'ConnectTimeout=5', '-p', str(port),
             'root@127.0.0.1', command]
     return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
-
-
-OPEN = ('import errno, glob, os\n'
-        'for p in sorted(glob.glob("/dev/nvidia*")):\n'
-        '    try:\n'
-        '        os.close(os.open(p, os.O_RDWR)); print(p, "OK")\n'
-        '    except OSError as e:\n'
-        '        print(p, errno.errorcode[e.errno])\n')
 
 
 def test_one_api_knows_every_node_and_where_each_guest_is(cluster, creds):
@@ -235,3 +228,33 @@ def test_a_run_limited_to_some_nodes_leaves_the_others_alone(cluster, tmp_path):
     assert bad.rc != 0 and 'containers[1] (vmid 221).vmid: 221 is also the vmid of containers[0]' in bad.stdout
     again = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
     assert again.rc == 0 and on(cluster, 'pve2').lxc(222).config.get()['cores'] == 1
+
+
+def test_a_node_that_is_down_is_reported_and_the_rest_of_the_fleet_carries_on(cluster, tmp_path):
+    """pve3 is down: it is unreachable, its container is judged unreached (its node named), and the containers of
+    pve1 and pve2 are still reconciled and verified; once pve3 is back, the fleet is whole again."""
+    pve = cluster['pve']
+    pve.made.extend([221, 222, 223])
+    full = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
+    assert full.rc == 0, full.failures() or full.stdout[-3000:]
+    on(cluster, 'pve1').lxc(221).config.put(cores=2)  # drift where the run still reaches
+    manager.node_down(cluster['lab'], 'pve3', say=lambda msg: None)
+    try:
+        down = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
+        assert down.rc != 0 and down.stats['pve3']['unreachable'] > 0, down.stats
+        # the one failure is the verdict's, at the end: the fleet is not whole
+        (failure,) = down.failures()
+        assert 'verified 2 of 3 container(s): util-c3 (CT 223 on pve3): unreached' in failure, failure
+        assert down.stats['train-c1']['failures'] == 0 and down.stats['train-c2']['failures'] == 0
+        assert on(cluster, 'pve1').lxc(221).config.get()['cores'] == 1  # repaired all the same
+        summary = json.loads((tmp_path / 'reports' / 'summary.json').read_text())
+        rows = dict((r['host'], r) for r in summary['containers'])
+        assert summary['ok'] is False and summary['verified'] == 2 and summary['expected'] == 3
+        assert (rows['util-c3']['state'], rows['util-c3']['node']) == ('unreached', 'pve3')
+        assert rows['util-c3']['why'] == ('CT 223 on pve3 was not reached: the run could not reach its node '
+                                          '(unreachable, or a task failed there)')
+    finally:
+        manager.node_up(cluster['lab'], 'pve3', say=lambda msg: None)
+    back = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
+    assert back.rc == 0, back.failures() or back.stdout[-3000:]
+    assert json.loads((tmp_path / 'reports' / 'summary.json').read_text())['verdict'] == 'verified 3 of 3 container(s)'

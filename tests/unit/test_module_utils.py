@@ -450,3 +450,11 @@ def test_a_fleet_checks_every_node_and_plans_only_the_reached_ones():
     dup = _fleet.Fleet(entries + [dict(entries[0], node='pve2', hostname='c')], nodes)
     with pytest.raises(_fleet.FleetError, match='200 is also the vmid of containers'):
         dup.check('9.0.3')
+
+
+def test_a_container_whose_node_is_down_is_unreached_not_unread():
+    entries = [{'vmid': 223, 'hostname': 'c3', 'node': 'pve3'}, {'vmid': 224, 'hostname': 'c4', 'node': 'pve4'}]
+    verdict = _verdict.fleet([], entries, {'containers': []}, unreachable={'pve3'})
+    rows = dict((r['host'], r) for r in verdict['containers'])
+    assert rows['c3']['state'] == 'unreached' and 'could not reach its node' in rows['c3']['why']
+    assert rows['c4']['state'] == 'unread' and not verdict['ok']

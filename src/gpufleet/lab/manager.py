@@ -209,7 +209,7 @@ def node_down(lab=None, name=None, offline=True, say=print):
     record = lab.record()
     Control(lab).call('POST', '/node', {'node': node.node, 'phase': 'down', 'offline': bool(offline)})
     if offline:
-        host.stop_sshd(node)
+        host.stop_sshd(node, sessions=True)
     try:
         uvm = host.lose_gpu_nodes(node, record) if node.gpus else None
     finally:

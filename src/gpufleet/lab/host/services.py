@@ -2,6 +2,7 @@
 
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,8 +66,20 @@ def ensure_sshd(lab):
     _wait_pidfile(pidfile)
 
 
-def stop_sshd(lab):
-    _kill(os.path.join(lab.sshd_dir, 'sshd.pid'))
+def stop_sshd(lab, sessions=False):
+    """Stop the node's sshd; sessions: its open connections too, as a node that goes down takes them with it (a
+    client's multiplexed connection, Ansible's ControlPersist, would otherwise outlive it): every process that holds
+    a connection to the node's port."""
+    pidfile = os.path.join(lab.sshd_dir, 'sshd.pid')
+    _kill(pidfile)
+    if sessions:
+        held = subprocess.run(['ss', '-Htnp', 'state', 'established', '( sport = :{0} )'.format(lab.ssh_port)],
+                              stdout=subprocess.PIPE, text=True, check=False).stdout
+        for pid in set(int(p) for p in re.findall(r'pid=(\d+)', held)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 # -- pct ----------------------------------------------------------------------------------
