@@ -8,9 +8,11 @@ class ModuleDocFragment(object):
 options:
   api_host:
     description:
-      - A node of the cluster whose API to use (any node answers for the whole cluster).
-      - Falls back to the E(PROXMOX_HOST) environment variable.
-    type: str
+      - A node of the cluster whose API to use (any node answers for the whole cluster), or several - the first
+        that answers serves the task, so a node that is down does not stop the run.
+      - Falls back to the E(PROXMOX_HOST) environment variable (several, separated by commas).
+    type: list
+    elements: str
     required: true
   api_port:
     description:

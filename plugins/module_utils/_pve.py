@@ -18,6 +18,7 @@ from ansible.module_utils.basic import env_fallback
 try:
     from proxmoxer import ProxmoxAPI
     from proxmoxer.core import ResourceException
+    from requests.exceptions import ConnectionError as NoAnswer, Timeout as NoAnswerInTime
     HAS_PROXMOXER = True
     PROXMOXER_IMPORT_ERROR = None
 except ImportError:
@@ -33,7 +34,7 @@ def pve_version(text):
 
 # Connection options, with community.proxmox's names and PROXMOX_* environment fallbacks.
 CONNECTION_SPEC = dict(
-    api_host=dict(type='str', required=True, fallback=(env_fallback, ['PROXMOX_HOST'])),
+    api_host=dict(type='list', elements='str', required=True, fallback=(env_fallback, ['PROXMOX_HOST'])),
     api_port=dict(type='int', default=8006, fallback=(env_fallback, ['PROXMOX_PORT'])),
     api_user=dict(type='str', required=True, fallback=(env_fallback, ['PROXMOX_USER'])),
     api_password=dict(type='str', no_log=True, fallback=(env_fallback, ['PROXMOX_PASSWORD'])),
@@ -106,21 +107,45 @@ class PveClient(object):
                 auth.update(otp=params['api_otp'])
         self.task_timeout = params.get('timeout') or 300
         self.requests = 0
+        hosts = params['api_host'] if isinstance(params['api_host'], list) else [params['api_host']]
+        silent = []  # (url, why) of each node that did not answer
+        for host in hosts:
+            try:
+                self.api = self._login(host, verify, auth, probe=len(hosts) > 1)
+                self.host = host
+                return
+            except (NoAnswer, NoAnswerInTime) as e:  # this node does not answer: the next one may
+                silent.append(('https://{0}:{1}'.format(host, params['api_port']), str(e)))
+        if len(silent) == 1:
+            raise PveError('cannot log in to the PVE API at {0} as {1}: {2}'.format(silent[0][0], self.user, silent[0][1]))
+        raise PveError('cannot log in to the PVE API as {0}: no node of api_host answers: {1}'.format(
+            self.user, '; '.join('{0} ({1})'.format(url, why) for url, why in silent)))
+
+    def _login(self, host, verify, auth, probe=False):
+        """The API at host, logged in (with a token, which needs no login, probe asks /version to know that the
+        node answers). A node that does not answer raises requests' ConnectionError or Timeout."""
+        params = self.params
         try:
-            self.api = ProxmoxAPI(params['api_host'], port=params['api_port'], verify_ssl=verify,
-                                  timeout=HTTP_TIMEOUT, service='PVE', **auth)
+            api = ProxmoxAPI(host, port=params['api_port'], verify_ssl=verify, timeout=HTTP_TIMEOUT, service='PVE',
+                             **auth)
             if not self.token:
                 self.requests += 1  # the ticket
+            elif probe:
+                self.requests += 1
+                api.version.get()
+            return api
+        except (NoAnswer, NoAnswerInTime):
+            raise
         except ResourceException as e:
-            raise _translate(e, 'login to {0} as {1}'.format(params['api_host'], self.user))
-        except Exception as e:  # requests' SSL and connection errors, proxmoxer's AuthenticationError
+            raise _translate(e, 'login to {0} as {1}'.format(host, self.user))
+        except Exception as e:  # requests' SSL errors, proxmoxer's AuthenticationError
             why = str(e)
             if 'Two Factor' in why:  # PVE answered the password with NeedTFA (a second factor is configured)
                 why = ('{0} has two-factor authentication and {1}: give api_otp (gpufleet_api_otp) a current '
                        'one-time code for this run'.format(
                            self.user, 'the code in api_otp was refused' if params.get('api_otp') else 'no code was given'))
             raise PveError('cannot log in to the PVE API at https://{0}:{1} as {2}: {3}'.format(
-                params['api_host'], params['api_port'], self.user, why))
+                host, params['api_port'], self.user, why))
 
     # -- authentication facts ------------------------------------------------------
     @property

@@ -105,3 +105,14 @@ def test_the_version_is_read_only_where_the_mode_depends_on_it(play):
     token.pop('api_password')
     res = planned(play, [entry(990, gpus=[0])], api=token, passthrough='devn')
     assert res.get('failed') and 'root@pam' in res['msg'], res.get('msg')
+
+
+def test_the_first_node_of_api_host_that_answers_serves_the_run(play):
+    """api_host may list several nodes: one that does not answer (127.0.0.2: nothing listens there) is passed over;
+    where none answers, each is named."""
+    res = planned(play, [entry(990, gpus=[0])], api=dict(API_DEFAULTS, api_host=['127.0.0.2', '{{ gpufleet_api_host }}']))
+    assert not res.get('failed') and res['pve_version'] == '9.0.10', res.get('msg')
+    res = planned(play, [entry(990, gpus=[0])], api=dict(API_DEFAULTS, api_host='127.0.0.2,127.0.0.3'))
+    assert res.get('failed') and res['msg'].startswith(
+        'cannot log in to the PVE API as root@pam: no node of api_host answers: https://127.0.0.2:8006 ('), res['msg']
+    assert 'https://127.0.0.3:8006 (' in res['msg']
