@@ -9,7 +9,7 @@ dest=$work/ansible_collections/gpufleet/proxmox
 mkdir -p "$dest"
 cd "$here"
 git ls-files -co --exclude-standard \
-  | grep -Ev '^(\.collections|\.ci|src|inventories/lab|bench|docs|tests/(unit|integration|plugins|conftest\.py)|pyproject\.toml|Makefile)(/|$)' \
+  | grep -Ev '^(\.collections|\.ci|src|inventories/lab(-cluster)?/cluster\.py|bench|docs|tests/(unit|integration|plugins|conftest\.py)|pyproject\.toml|Makefile)(/|$)' \
   | tar -T - -cf - | tar -xf - -C "$dest"
 # ansible-test bootstraps pip in its venv with a script it downloads; where that site cannot be reached,
 # ensurepip does the same job.
