@@ -72,7 +72,11 @@ class Lab:
                 specs = json.load(fh)
         except (OSError, ValueError):
             specs = None
-        return specs or [{'name': NODE, 'ssh_port': SSH_PORT, 'gpus': self.gpus, 'driver': DRIVER_VERSION}]
+        return specs or self.one_node()
+
+    def one_node(self):
+        """The cluster of a lab made without --nodes: pve1 alone (no nodes.json is written for it)."""
+        return [{'name': NODE, 'ssh_port': SSH_PORT, 'gpus': self.gpus, 'driver': DRIVER_VERSION}]
 
     def on(self, name):
         """This lab as node `name` sees it (its sshd, /dev, /proc, driver, node files and /etc/pve/nodes/<name>)."""

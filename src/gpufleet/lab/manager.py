@@ -51,7 +51,7 @@ def plan_nodes(lab, count=None, gpus=None, drivers=None):
         old.get(n, {}).get('gpus', lab.gpus) for n in names]
     versions = _per_node('--drivers', drivers, count, version) if drivers is not None else [
         old.get(n, {}).get('driver', DRIVER_VERSION) for n in names]
-    held = sorted(set(item.get('node') for item in _saved_containers(lab)) - set(names) - {None})
+    held = sorted(set(item.get('node') for item in _saved_state(lab).get('cts') or []) - set(names) - {None})
     if held:
         raise host.LabError('node(s) {0} hold containers: destroy them (or gpufleet lab reset) before taking the '
                             'node away'.format(', '.join(held)))
@@ -59,12 +59,13 @@ def plan_nodes(lab, count=None, gpus=None, drivers=None):
             for i, n in enumerate(names)]
 
 
-def _saved_containers(lab):
+def _saved_state(lab):
+    """What the API saved last: its containers (cts, each with its node) and the nodes node-down took (offline)."""
     try:
         with open(lab.state_file) as fh:
-            return json.load(fh).get('cts') or []
+            return json.load(fh)
     except (OSError, ValueError):
-        return []
+        return {}
 
 
 def set_nodes(lab, specs, record):
@@ -87,7 +88,7 @@ def set_nodes(lab, specs, record):
                     shutil.rmtree(path)
     if os.path.isdir(lab.path('nodes')) and not os.listdir(lab.path('nodes')):
         os.rmdir(lab.path('nodes'))
-    if specs == [{'name': NODE, 'ssh_port': SSH_PORT, 'gpus': lab.gpus, 'driver': DRIVER_VERSION}]:
+    if specs == lab.one_node():
         if os.path.exists(lab.nodes_file):
             os.unlink(lab.nodes_file)
     else:
@@ -115,8 +116,9 @@ def up(lab=None, say=print, nodes=None, gpus=None, drivers=None):
         host.ensure_network(lab, record)
         host.ensure_tls(lab)
         host.ensure_credentials(lab)
+        offline = set(_saved_state(lab).get('offline') or [])  # the nodes node-down took stay down
         for node in lab.cluster():
-            if node.node not in _offline(lab):
+            if node.node not in offline:
                 host.ensure_sshd(node)
         host.ensure_pct(lab, record)
         os.makedirs(lab.lxcpath, exist_ok=True)
@@ -128,15 +130,6 @@ def up(lab=None, say=print, nodes=None, gpus=None, drivers=None):
         time.monotonic() - started, lab.api_host, lab.api_port, ', '.join(
             'node {0} (ssh root@127.0.0.1:{1}, {2} GPUs)'.format(n.node, n.ssh_port, n.gpus) for n in lab.cluster())))
     return status(lab)
-
-
-def _offline(lab):
-    """The nodes `node-down` took down (the API's saved state says so)."""
-    try:
-        with open(lab.state_file) as fh:
-            return set(json.load(fh).get('offline') or [])
-    except (OSError, ValueError):
-        return set()
 
 
 def down(lab=None, say=print):
