@@ -435,10 +435,9 @@ class Reconciler(object):
         values, owned = wanted_config(spec)
         if g is None:
             return self._plan_create(plan, values)
-        if spec.get('node') and spec['node'] != node:
-            raise SpecError('vmid {0} lives on node {1}, not {2}: moving it is not done here'.format(
-                vmid, node, spec['node']))
         current, pending_now = self.read_config(plan['path'], status)
+        if spec.get('node') and spec['node'] != node:
+            self._plan_move(plan, current)
         plan.update(current=current, values=values, owned=owned)
         res['config'] = dict((k, v) for k, v in current.items() if k != 'digest')
         unpriv = bool(int(current.get('unprivileged', 0)))
@@ -463,14 +462,45 @@ class Reconciler(object):
             res['diff']['after']['rootfs'] = 'size={0}'.format(resize)
         self._plan_raw(plan)
         res['changed_keys'] = sorted(list(sets) + deletes + (['rootfs'] if resize else []) +
-                                     (['lxc'] if plan.get('raw') is not None else []))
+                                     (['lxc'] if plan.get('raw') is not None else []) +
+                                     (['node'] if plan.get('move') else []))
         res['changed'] = bool(res['changed_keys'])
-        if status == 'running':
+        if plan['status'] == 'running':
             # What PVE will not apply live waits for a restart (known for sure after the change).
             res['pending'] = sorted(set(pending_now) | set(k for k in res['changed_keys'] if not self.hot(k, sets, current)))
             res['restart_required'] = bool(res['pending'])
         self._plan_power(plan)
+        if plan.get('move') and status == 'running' and plan['action'] == 'start':
+            # started again on its node, as it ran before the move: part of the move, not a change of power
+            res.pop('power', None)
+            for side in ('before', 'after'):
+                res['diff'][side].pop('status', None)
         return plan
+
+    def _plan_move(self, plan, current):
+        """A container found on another node than the fleet says: moved back (stopped, migrated offline, its config
+        made right on its node, started there if it is to run), where PVE allows the move. PVE refuses to migrate a
+        container with a bind or device mount point not marked shared=1 (pve-container src/PVE/LXC/Migrate.pm
+        prepare: "cannot migrate local $type mount point '$ms'"), which is said here, before anything changes."""
+        vmid, found, wanted = plan['vmid'], plan['node'], plan['spec']['node']
+        res = plan['res']
+        res['diff']['before']['node'], res['diff']['after']['node'] = found, wanted
+        plan.update(move=wanted, was_running=plan['status'] == 'running')
+        if plan['status'] == 'running':
+            plan['status'] = 'stopped'  # the move stops it: every change lands at once, before it starts there
+        for key in sorted((k for k in current if key_family(k) == 'mp'), key=lambda k: int(k[2:])):
+            props = parse_props(current[key], 'volume')
+            volume, shared = props.get('volume', ''), str(props.get('shared', '0')).lower() in ('1', 'true', 'yes', 'on')
+            if volume.startswith('/') and not shared:
+                why = "cannot migrate local {0} mount point '{1}'".format(
+                    'device' if volume.startswith('/dev/') else 'bind', key)
+                res['move_refused'] = why
+                if not self.check_mode:
+                    raise SpecError(
+                        'vmid {0} is on node {1}, not {2} as the fleet says, and PVE cannot move it back: {3} '
+                        '({4}). Mark that mount point shared=1 if its path is on {2} too, or remove it; or put the '
+                        'container on node {1} in the fleet definition.'.format(vmid, found, wanted, why, current[key]))
+                break
 
     def read_config(self, path, status):
         """(config as PVE will have it, keys waiting for a restart) in one request.
@@ -526,7 +556,6 @@ class Reconciler(object):
             return
         entries = _pveconf.normalize(spec['lxc_raw'])
         path = _pveconf.conf_path(spec['pve_root'], plan['node'], plan['vmid'])
-        plan['raw_path'] = path
         if plan['exists']:
             try:
                 with open(path) as fh:
@@ -647,6 +676,8 @@ class Reconciler(object):
         if plan.get('create'):
             client.run_task('POST', 'nodes/{0}/lxc'.format(node), node, 'create CT {0}'.format(vmid),
                             lock_timeout=lt, accepted=done('create'), **plan['create'])
+        if plan.get('move'):
+            node, path = self._move(plan, done)
         if plan.get('sets') or plan.get('deletes'):
             self._put_config(plan)
             res['actions'].append('config')
@@ -656,7 +687,7 @@ class Reconciler(object):
             if upid:
                 client.wait_task(node, upid, 'resize rootfs of CT {0}'.format(vmid))
         if plan.get('raw') is not None:
-            _pveconf.apply(plan['raw_path'], plan['raw'])
+            _pveconf.apply(_pveconf.conf_path(plan['spec']['pve_root'], node, vmid), plan['raw'])
             res['actions'].append('lxc_raw')
         if plan['status'] == 'running' and (plan.get('sets') or plan.get('deletes')):
             res['pending'] = sorted(p['key'] for p in client.get(path + '/pending') if 'pending' in p or p.get('delete'))
@@ -674,6 +705,33 @@ class Reconciler(object):
         # What PVE holds now (its normalised values, generated volumes and MAC addresses).
         res['config'] = dict((k, v) for k, v in client.get(path + '/config').items() if k != 'digest')
         return res
+
+
+    def _move(self, plan, done):
+        """Stop the container where it is (if it runs), migrate it to the fleet's node and follow it there: (its
+        node, its API path) from now on. A migration PVE refuses leaves it where it was, started again if it ran (as
+        PVE's own restart mode does: pve-guest-common src/PVE/AbstractMigrate.pm, LXC/Migrate.pm final_cleanup)."""
+        client, vmid, lt = self.client, plan['vmid'], self.lock_timeout
+        source, target, path = plan['node'], plan['move'], plan['path']
+        if plan['was_running']:
+            client.run_task('POST', path + '/status/shutdown', source, 'shutdown CT {0} to move it'.format(vmid),
+                            lock_timeout=lt, accepted=done('shutdown'), forceStop=1)
+        try:
+            client.run_task('POST', path + '/migrate', source, 'migrate CT {0} from {1} to {2}'.format(
+                vmid, source, target), lock_timeout=lt, accepted=done('migrate'), target=target)
+        except PveError as e:
+            if plan['was_running']:
+                try:
+                    client.run_task('POST', path + '/status/start', source, 'start CT {0} again'.format(vmid),
+                                    lock_timeout=lt)
+                except PveError:
+                    pass
+            e.message = '{0}. It stays on {1}: fix what PVE names, or put it on node {1} in the fleet ' \
+                        'definition'.format(e.message, source)
+            raise
+        plan['node'], plan['path'] = target, 'nodes/{0}/lxc/{1}'.format(target, vmid)
+        plan['res']['node'] = target
+        return plan['node'], plan['path']
 
 
 # What PVE applies to a running container without a restart (used to predict in check mode): pve-container

@@ -36,7 +36,12 @@ options:
     description: The container's id.
     type: int
   node:
-    description: The node to create the container on. For an existing container, where it must be.
+    description:
+      - The node to create the container on. For an existing container, where it must be. One found on another
+        node is moved back (C(changed_keys) has C(node)) - stopped if it runs, migrated, its config made right
+        there and started again - where PVE can migrate it. A bind or device mount point without C(shared=1) makes
+        PVE refuse the move, and then the call fails before anything changes, naming the mount point and the fix
+        (in check mode the result's C(move_refused) says so).
     type: str
   hostname:
     description: The container's hostname.
@@ -216,7 +221,7 @@ vmid:
   returned: when O(vmid) is given
   type: int
 node:
-  description: The node it is on.
+  description: The node it is on after the call (in check mode, where it is now).
   returned: when O(vmid) is given
   type: str
 config:

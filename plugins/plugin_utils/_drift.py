@@ -34,8 +34,13 @@ def containers(reconcile, fleet):
             items.append(_item('container', 'missing', 'CT {0} does not exist'.format(vmid)))
         else:
             for key in res.get('changed_keys') or []:
-                items.append(_item('container', key, 'config {0} differs'.format(key),
-                                   before=before.get(key), after=after.get(key)))
+                if key == 'node':
+                    detail = 'node: expected {0}, found {1}'.format(after.get(key), before.get(key))
+                    if res.get('move_refused'):
+                        detail += ' (PVE cannot move it back: {0})'.format(res['move_refused'])
+                else:
+                    detail = 'config {0} differs'.format(key)
+                items.append(_item('container', key, detail, before=before.get(key), after=after.get(key)))
         if res.get('power'):
             was = before.get('status') or 'absent'
             items.append(_item('container', 'power', 'CT {0} is {1}: {2} it'.format(vmid, was, res['power']),

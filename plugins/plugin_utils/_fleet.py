@@ -235,8 +235,10 @@ def raw_lines(devices, majors):
 
 
 def share_mount(share):
-    """A node share ({path, mp, read_only}) as an mpN value."""
-    return '{0},mp={1}{2}'.format(share['path'], share['mp'], ',ro=1' if share.get('read_only') else '')
+    """A node share ({path, mp, read_only}) as an mpN value, marked shared=1: gpu_node makes the same path on every
+    node, so PVE may migrate the container (pve-container src/PVE/LXC/Migrate.pm refuses a bind mount point without
+    it: "cannot migrate local bind mount point")."""
+    return '{0},mp={1}{2},shared=1'.format(share['path'], share['mp'], ',ro=1' if share.get('read_only') else '')
 
 
 class FleetError(Exception):
@@ -272,7 +274,8 @@ class Fleet(object):
         # the nodes this run reaches (all but those marked reached: False, of a run limited to some nodes)
         self.reached = set(name for name, node in self.nodes.items() if node.get('reached', True))
         self.driver_mounts = dict(
-            (name, '{0},mp={1},ro=1'.format(node['driver'], driver_mount)) for name, node in self.nodes.items()
+            (name, share_mount({'path': node['driver'], 'mp': driver_mount, 'read_only': True}))
+            for name, node in self.nodes.items()
             if driver_mount and node.get('driver'))
         self.shares = dict((name, node.get('shares') or []) for name, node in self.nodes.items())
 

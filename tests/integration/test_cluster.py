@@ -128,6 +128,49 @@ def test_each_node_has_its_own_gpus_and_driver(cluster, creds):
     assert smi.stdout.splitlines() == ['{0}, 570.172.08'.format(i) for i in range(4)]
 
 
+def test_a_migration_moves_the_container_where_pve_allows_it_and_is_refused_where_pve_refuses(cluster, creds):
+    """POST .../migrate as pve-container's LXC/Migrate.pm does it: a running container only in restart mode (the
+    API refuses it otherwise), a bind mount point not marked shared=1 refuses the move inside the task (nothing
+    moves), an offline target cannot be reached; a move takes the config to the target's /etc/pve/nodes/<node>/lxc
+    and the real container runs again there with that node's devices."""
+    pve, lab = cluster['pve'], cluster['lab']
+    make(cluster, 'pve1', 969, dev0='path=/dev/nvidia3,mode=0666', rootfs='local-lvm:4', mp0='/srv,mp=/mnt/srv')
+    pve.wait(on(cluster, 'pve1').lxc(969).status.start.post())
+    with pytest.raises(ResourceException) as e:
+        on(cluster, 'pve1').lxc(969).migrate.post(target='pve2')
+    assert "can't migrate running container without --online or --restart" in str(e.value)
+    st, log = pve.wait(on(cluster, 'pve1').lxc(969).migrate.post(target='pve2', restart=1))
+    assert st['exitstatus'] == 'migration aborted', (st, log)
+    assert any("cannot migrate local bind mount point 'mp0'" in line for line in log), log
+    assert on(cluster, 'pve1').lxc(969).status.current.get()['status'] == 'running'  # nothing moved
+    on(cluster, 'pve1').lxc(969).config.put(mp0='/srv,mp=/mnt/srv,shared=1')  # pending: it runs
+    pve.wait(on(cluster, 'pve1').lxc(969).status.reboot.post())
+    manager.node_down(lab, 'pve3', say=lambda msg: None)
+    try:
+        st, log = pve.wait(on(cluster, 'pve1').lxc(969).migrate.post(target='pve3', restart=1))
+        assert st['exitstatus'] == 'migration aborted', (st, log)
+        assert any("Can't connect to destination address" in line for line in log), log
+    finally:
+        manager.node_up(lab, 'pve3', say=lambda msg: None)
+    pve.ok(on(cluster, 'pve1').lxc(969).migrate.post(target='pve2', restart=1))
+    where = dict((r['vmid'], r['node']) for r in pve.api.cluster.resources.get(type='vm'))
+    assert where[969] == 'pve2'
+    assert os.path.exists(os.path.join(lab.pve_root, 'nodes', 'pve2', 'lxc', '969.conf'))
+    assert not os.path.exists(os.path.join(lab.pve_root, 'nodes', 'pve1', 'lxc', '969.conf'))
+    # it runs again on pve2, with pve2's /dev/nvidia3
+    seen = ssh(creds, 'pve2', "pct status 969 && pct exec 969 -- python3 -c '{0}'".format(OPEN))
+    assert seen.returncode == 0, seen.stderr
+    assert seen.stdout.splitlines() == ['status: running', '/dev/nvidia3 ENXIO']
+    assert '969' not in listed(ssh(creds, 'pve1', 'pct list').stdout.splitlines())
+    # devN is not checked by the move: a device the target does not have stops the start there, and the container
+    # stays moved, stopped ("migration finished with problems")
+    make(cluster, 'pve1', 970, dev0='/dev/nvidia6')
+    pve.wait(on(cluster, 'pve1').lxc(970).status.start.post())
+    st, log = pve.wait(on(cluster, 'pve1').lxc(970).migrate.post(target='pve2', restart=1))
+    assert st['exitstatus'] == 'migration problems', (st, log)
+    assert on(cluster, 'pve2').lxc(970).status.current.get()['status'] == 'stopped'
+
+
 def test_the_lab_inventory_lists_every_node_with_its_own_files(cluster, tmp_path):
     """inventories/lab describes the cluster the lab has: gpu_devices on each node finds that node's GPUs."""
     bin_dir = os.path.join(ROOT, '.venv', 'bin')
@@ -258,3 +301,48 @@ def test_a_node_that_is_down_is_reported_and_the_rest_of_the_fleet_carries_on(cl
     back = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
     assert back.rc == 0, back.failures() or back.stdout[-3000:]
     assert json.loads((tmp_path / 'reports' / 'summary.json').read_text())['verdict'] == 'verified 3 of 3 container(s)'
+
+
+def test_a_container_found_on_another_node_is_drift_and_a_repair_moves_it_back(cluster, tmp_path):
+    """util-c3 (CT 223) belongs on pve3 and is migrated to pve1 behind the fleet's back: a drift check names it
+    (node: expected pve3, found pve1) and moves nothing; where PVE would refuse the move back (a bind mount point
+    not marked shared=1), a repair says so before anything changes; once that is fixed, a repair moves it back to
+    pve3 (stopped, migrated, started there) and the fleet is verified whole."""
+    pve = cluster['pve']
+    pve.made.extend([221, 222, 223])
+    full = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
+    assert full.rc == 0, full.failures() or full.stdout[-3000:]
+    # the fleet's own bind mounts (uv cache, wheelhouse) are marked shared=1, so PVE lets it move
+    pve.ok(on(cluster, 'pve3').lxc(223).migrate.post(target='pve1', restart=1))
+
+    def where():
+        return dict((r['vmid'], r['node']) for r in pve.api.cluster.resources.get(type='vm'))[223]
+
+    def node_items():
+        found = json.loads((tmp_path / 'reports' / 'drift' / 'summary.json').read_text())
+        return [i for i in found['containers']['util-c3'] if i['item'] == 'node']
+
+    check = run_playbook(open(DRIFT).read(), tmp_path, '--check', inventory=CLUSTER)
+    assert check.rc == 0, check.failures() or check.stdout[-3000:]
+    assert [i['detail'] for i in node_items()] == ['node: expected pve3, found pve1']
+    assert where() == 'pve1'  # a check moves nothing
+    # a bind mount point of its own, not marked shared: PVE would refuse to migrate it, so nothing is changed
+    pve.ok(on(cluster, 'pve1').lxc(223).status.stop.post())
+    on(cluster, 'pve1').lxc(223).config.put(mp0='/srv,mp=/mnt/srv')
+    refused = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
+    assert refused.rc != 0
+    assert ("vmid 223 is on node pve1, not pve3 as the fleet says, and PVE cannot move it back: cannot migrate "
+            "local bind mount point 'mp0'") in refused.stdout, refused.failures()
+    assert where() == 'pve1' and on(cluster, 'pve1').lxc(223).status.current.get()['status'] == 'stopped'
+    check = run_playbook(open(DRIFT).read(), tmp_path, '--check', inventory=CLUSTER)
+    assert [i['detail'] for i in node_items()] == [
+        "node: expected pve3, found pve1 (PVE cannot move it back: cannot migrate local bind mount point 'mp0')"]
+    on(cluster, 'pve1').lxc(223).config.put(delete='mp0')
+    pve.ok(on(cluster, 'pve1').lxc(223).status.start.post())  # running where it should not be
+    repair = run_playbook(open(DRIFT).read(), tmp_path, inventory=CLUSTER)
+    assert repair.rc == 0, repair.failures() or repair.stdout[-3000:]
+    assert where() == 'pve3' and on(cluster, 'pve3').lxc(223).status.current.get()['status'] == 'running'
+    assert [i['detail'] for i in node_items()] == ['node: expected pve3, found pve1']  # found, and repaired
+    summary = json.loads((tmp_path / 'reports' / 'summary.json').read_text())
+    assert summary['verdict'] == 'verified 3 of 3 container(s)'
+    assert dict((r['host'], r['node']) for r in summary['containers'])['util-c3'] == 'pve3'

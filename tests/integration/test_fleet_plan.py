@@ -38,9 +38,9 @@ def test_a_fleet_expands_into_plain_containers_by_the_clusters_version(play, con
     assert [d['path'] for d in gpu['devices']] == ['/dev/nvidia1', '/dev/nvidiactl', '/dev/nvidia-uvm',
                                                     '/dev/nvidia-uvm-tools', '/dev/nvidia-modeset']
     # the driver bundle into GPU containers only, the node's shares into all, on the highest free mpN
-    assert gpu['mounts'] == {'mp255': '/opt/gpufleet/driver/580.95.05,mp=/opt/nvidia-driver,ro=1',
-                             'mp254': '/var/cache/gpufleet/uv,mp=/var/cache/gpufleet/uv'}
-    assert plain['mounts'] == {'mp255': '/var/cache/gpufleet/uv,mp=/var/cache/gpufleet/uv'} and plain['devices'] == []
+    assert gpu['mounts'] == {'mp255': '/opt/gpufleet/driver/580.95.05,mp=/opt/nvidia-driver,ro=1,shared=1',
+                             'mp254': '/var/cache/gpufleet/uv,mp=/var/cache/gpufleet/uv,shared=1'}
+    assert plain['mounts'] == {'mp255': '/var/cache/gpufleet/uv,mp=/var/cache/gpufleet/uv,shared=1'} and plain['devices'] == []
     assert (gpu['ostemplate'], gpu['state']) == (TEMPLATE_VOLID, 'started') and res['raw'] == {}
     assert res['wanted'] == res['containers']
     assert control.mutating_requests() == []

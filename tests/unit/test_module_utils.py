@@ -71,7 +71,7 @@ def test_fleet_specs_and_raw_lines():
                         driver_mount='/opt/nvidia-driver').spec(fleet[0], 'devn')
     assert spec['rootfs'] == 'local-zfs:32' and spec['cores'] == 4 and spec['net'] == {'net0': 'name=eth0,bridge=vmbr0'}
     assert [d['path'] for d in spec['devices']] == ['/dev/nvidia2'] + list(_nvidia_devices.PASSTHROUGH_CONTROL)
-    assert spec['mounts'] == {'mp255': '/opt/gpufleet/driver/580.95.05,mp=/opt/nvidia-driver,ro=1'}
+    assert spec['mounts'] == {'mp255': '/opt/gpufleet/driver/580.95.05,mp=/opt/nvidia-driver,ro=1,shared=1'}
     shares = [{'path': '/var/cache/gpufleet/uv', 'mp': '/var/cache/gpufleet/uv'},
               {'path': '/srv/wh', 'mp': '/opt/gpufleet/wheelhouse', 'read_only': True}]
     mine = dict(fleet[0], gpus=[], mounts={'mp0': 'local-zfs:8,mp=/data', 'mp254': '/x,mp=/x'})
@@ -79,8 +79,8 @@ def test_fleet_specs_and_raw_lines():
                         driver_mount='/opt/nvidia-driver').spec(mine, 'devn')
     # no GPUs, no driver mount; the shares take the highest free keys and the user's own keep theirs
     assert spec['mounts'] == {'mp0': 'local-zfs:8,mp=/data', 'mp254': '/x,mp=/x',
-                              'mp255': '/var/cache/gpufleet/uv,mp=/var/cache/gpufleet/uv',
-                              'mp253': '/srv/wh,mp=/opt/gpufleet/wheelhouse,ro=1'}
+                              'mp255': '/var/cache/gpufleet/uv,mp=/var/cache/gpufleet/uv,shared=1',
+                              'mp253': '/srv/wh,mp=/opt/gpufleet/wheelhouse,ro=1,shared=1'}
     dns = dict(fleet[0], nameserver='10.0.0.53 10.0.1.53', searchdomain='cluster.example')
     spec = _fleet.Fleet([dns], {'gpu01': node}).spec(dns, 'devn')
     assert (spec['nameserver'], spec['searchdomain']) == ('10.0.0.53 10.0.1.53', 'cluster.example')

@@ -4,8 +4,9 @@
 
 fakepve answers the API (auth, permissions, schema checks, tasks, locks, pending
 changes); this subclass makes each container task real before the task ends:
-create, start, stop, reboot and destroy act on the LXC container named by the
-vmid, and a config change on a running container is hot-plugged the way PVE does
+create, start, stop, reboot, migrate and destroy act on the LXC container named
+by the vmid (a migrated one runs again with its new node's devices, and is
+refused where PVE refuses it), and a config change on a running container is hot-plugged the way PVE does
 (new devN and mpN, memory, cores, hostname).  What cannot be applied live is put
 back into pending, so the API never claims what the container does not have.
 The state is saved after every change and the node's `/etc/pve/lxc/<vmid>.conf`
@@ -41,7 +42,7 @@ TOKEN_PRIVILEGES = ('VM.Allocate', 'VM.Audit', 'VM.Config.CPU', 'VM.Config.Memor
 
 # Container tasks whose outcome the real container must follow.
 CT_TASKS = ('vzcreate', 'vzrestore', 'vzstart', 'vzstop', 'vzshutdown', 'vzreboot', 'vzdestroy',
-            'vzsuspend', 'vzresume')
+            'vzsuspend', 'vzresume', 'vzmigrate')
 
 
 class LabPve(FakePve):
@@ -58,6 +59,7 @@ class LabPve(FakePve):
         self.grant(token, '/', *TOKEN_PRIVILEGES)
         self.store_file('local', TEMPLATE, 130 * 1024 ** 2, content='vztmpl')
         self._ct_locks = {}
+        self._migrating = {}  # {vmid: target} of the migrations asked for, until their task runs
         self.status_lag = 0.0
         self._statd = {}  # {vmid: [(since, status)]}: what pvestatd would have seen, and from when
 
@@ -210,23 +212,65 @@ class LabPve(FakePve):
             return await super().task(node, ttype, tid, user, body, vm=vm, lock=lock, log=log)
         vmid = int(tid)
 
+        def to_log(lines):
+            # The task's own record: the one running task of this type on this container.
+            for record in reversed(self.tasklog):
+                if record['status'] == 'running' and record['type'] == ttype and record['id'] == str(vmid):
+                    record['log'].extend(lines)
+                    break
+
         async def real():
+            loop = asyncio.get_running_loop()
+            source = self.backend_of(vmid)
+            was_running = self.ct(vmid) is not None and self.ct(vmid).status == 'running'
+            if ttype == 'vzmigrate':
+                why = self.migrate_refusal(self.ct(vmid), self._migrating.pop(vmid, None))
+                if why:
+                    # AbstractMigrate.pm (pve-guest-common): the reason in the log, "migration aborted" as the status
+                    to_log(['ERROR: migration aborted (duration 00:00:00): {0}'.format(why)])
+                    raise TaskError('migration aborted')
             note = await body()
             self.note_status()
             try:
-                if ttype == 'vzreboot':
-                    # A reboot is a stop and a start: the real container starts again with the new config.
-                    await asyncio.get_running_loop().run_in_executor(None, self.backend_of(vmid).stop, vmid)
+                if ttype == 'vzreboot' or ttype == 'vzmigrate' and was_running:
+                    # A reboot is a stop and a start: the real container starts again with the new config. A
+                    # migration in restart mode stops it on its node and starts it on the target, with that
+                    # node's devices.
+                    await loop.run_in_executor(None, source.stop, vmid)
                 await self._sync(vmid)
             except BackendError as e:
-                # The task's own record: the one running task of this type on this container.
-                for record in reversed(self.tasklog):
-                    if record['status'] == 'running' and record['type'] == ttype and record['id'] == str(vmid):
-                        record['log'].extend(e.log)
-                        break
+                to_log(e.log)
+                if ttype == 'vzmigrate':
+                    # moved, but it does not start on the target: the migration "finished with problems"
+                    to_log(['ERROR: {0}'.format(e), 'ERROR: migration finished with problems (duration 00:00:01)'])
+                    raise TaskError('migration problems') from None
                 raise TaskError(str(e)) from None
             return note
         return await super().task(node, ttype, tid, user, real, vm=vm, lock=lock, log=log)
+
+    async def _lxc_migrate(self, user, v):
+        self._migrating[int(v['vmid'])] = v.get('target')
+        return await super()._lxc_migrate(user, v)
+
+    def migrate_refusal(self, ct, target):
+        """Why PVE's migration of this container stops before it moves anything, or None (pve-container
+        src/PVE/LXC/Migrate.pm prepare). Every mount point in key order (LXC/Config.pm valid_volume_keys: rootfs,
+        mp0, mp1, ...) that is a bind or device mount (classify_mountpoint: a path, under /dev/ for a device) must
+        be marked shared=1, else "cannot migrate local $type mount point '$ms'"; devN entries are not mount points
+        and pass (the target's prestart hook finds a missing device at the start). Then the target node must
+        answer over ssh: "Can't connect to destination address using public key"."""
+        if ct is None:
+            return None
+        for key in sorted((k for k in ct.config if re.fullmatch(r'mp\d+', k)), key=lambda k: int(k[2:])):
+            props = lxcconf.split_props(ct.config[key], 'volume')
+            volume = props.get('volume', '')
+            shared = str(props.get('shared', '0')).lower() in ('1', 'yes', 'on', 'true')
+            if volume.startswith('/') and not shared:
+                kind = 'device' if volume.startswith('/dev/') else 'bind'
+                return "cannot migrate local {0} mount point '{1}'".format(kind, key)
+        if target in self.nodes and not self.nodes[target].get('online', True):
+            return "Can't connect to destination address using public key"
+        return None
 
     async def _lxc_config_get(self, user, v):
         ct = self.ct(int(v['vmid']))
