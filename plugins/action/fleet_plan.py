@@ -71,14 +71,19 @@ class ActionModule(ControllerAction):
             root = fleet.root_login(api)
             fleet.check(is_root_password=root or fleet.passthrough == 'auto')
             _lxc.validate(_lxc.container_specs({'containers': fleet.expand('devn')}))
-            version = None
+            versions = {}
             if fleet.needs_version():
-                version = _pve.PveClient(connection(api)).version().get('version')
-                fleet.check(version, root)
-            plan = fleet.plan(version, bool(self._task.check_mode))
+                # each node's own version (a cluster being upgraded runs several), one request a node
+                client = _pve.PveClient(connection(api))
+                fleet.check_cluster([n['node'] for n in client.get('nodes')])
+                versions = dict((node, client.node_version(node).get('version')) for node in fleet.version_nodes())
+                fleet.check(versions, root)
+            plan = fleet.plan(versions, bool(self._task.check_mode))
         except (_fleet.FleetError, _lxc.SpecError) as e:
             raise AnsibleActionFail(str(e))
         except _pve.PveError as e:
             raise AnsibleActionFail(e.result().get('msg') or str(e))
-        return dict(plan, changed=False, pve_version=version, nodes_down=down,
+        same = set(versions.values())
+        return dict(plan, changed=False, pve_versions=versions, pve_version=same.pop() if len(same) == 1 else None,
+                    nodes_down=down,
                     not_reached=sorted(name for name, node in seen.items() if node.get('reached') is False))

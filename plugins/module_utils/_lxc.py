@@ -378,12 +378,25 @@ class Reconciler(object):
         self.lock_timeout = lock_timeout
         self._guests = None
         self._live = {}
-        self._hot_devices = None
+        self._hot_devices = {}
 
     def guests(self):
         if self._guests is None:
             self._guests = self.client.guests()
         return self._guests
+
+    def check_nodes(self, specs):
+        """Every node the containers name is a node of the cluster, before anything changes. A node that holds a
+        guest is one; only where a container names another is the cluster's node list read (one request)."""
+        known = set(g.get('node') for g in self.guests().values())
+        unknown = [spec for spec in specs if spec.get('node') and spec['node'] not in known]
+        if not unknown:
+            return
+        nodes = sorted(n['node'] for n in self.client.get('nodes'))
+        bad = ['vmid {0}: node {1} is not a node of the cluster (its nodes: {2})'.format(
+            spec['vmid'], spec['node'], ', '.join(nodes)) for spec in unknown if spec['node'] not in nodes]
+        if bad:
+            raise SpecError('; '.join(bad))
 
     def live_status(self, node, vmid, listed):
         """A container's power state as its node sees it now. /cluster/resources has it from pvestatd's last round,
@@ -399,14 +412,15 @@ class Reconciler(object):
                 self._live[node] = {}
         return self._live[node].get(vmid) or listed
 
-    def hot_devices(self):
-        """Whether this cluster hot-plugs a new devN into a running container, read once and only when a plan needs
-        it: pve-container 6.0.4 (PVE 9) does; 5.x (PVE 8) keeps every devN change pending until a restart."""
-        if self._hot_devices is None:
-            self._hot_devices = pve_version(self.client.version().get('version')) >= (9, 0)
-        return self._hot_devices
+    def hot_devices(self, node):
+        """Whether a node hot-plugs a new devN into a running container, read once a node and only when a plan needs
+        it: pve-container 6.0.4 (PVE 9) does; 5.x (PVE 8) keeps every devN change pending until a restart. The
+        change is made on the container's node (API2/LXC/Config.pm: proxyto node), so that node's version decides."""
+        if node not in self._hot_devices:
+            self._hot_devices[node] = pve_version(self.client.node_version(node).get('version')) >= (9, 0)
+        return self._hot_devices[node]
 
-    def hot(self, key, sets, current):
+    def hot(self, key, sets, current, node):
         """Whether PVE applies this change to the running container at once (else it waits in pending): the keys it
         applies live, and a devN or mpN key that is new (an existing one is never hot-plugged over)."""
         if key in HOT_KEYS:
@@ -414,7 +428,7 @@ class Reconciler(object):
         if key not in sets or key in current:
             return False
         family = key_family(key)
-        return family == 'mp' or family == 'dev' and self.hot_devices()
+        return family == 'mp' or family == 'dev' and self.hot_devices(node)
 
     # -- phase 1: read and compare ------------------------------------------------------
     def plan(self, spec):
@@ -467,7 +481,7 @@ class Reconciler(object):
         res['changed'] = bool(res['changed_keys'])
         if plan['status'] == 'running':
             # What PVE will not apply live waits for a restart (known for sure after the change).
-            res['pending'] = sorted(set(pending_now) | set(k for k in res['changed_keys'] if not self.hot(k, sets, current)))
+            res['pending'] = sorted(set(pending_now) | set(k for k in res['changed_keys'] if not self.hot(k, sets, current, node)))
             res['restart_required'] = bool(res['pending'])
         self._plan_power(plan)
         if plan.get('move') and status == 'running' and plan['action'] == 'start':
@@ -745,6 +759,7 @@ def reconcile_all(client, specs, check_mode, lock_timeout=60):
     """Validate every definition, plan every container (reads only), then apply the plans."""
     validate(specs)
     rec = Reconciler(client, check_mode, lock_timeout)
+    rec.check_nodes(specs)
     plans = [rec.plan(spec) for spec in specs]
     results = []
     for n, plan in enumerate(plans):

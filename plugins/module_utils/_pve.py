@@ -231,7 +231,12 @@ class PveClient(object):
 
     # -- cluster -------------------------------------------------------------------------
     def version(self):
+        """The version of the node that answers the API."""
         return self.get('version')
+
+    def node_version(self, node):
+        """A node's own version (pve-manager PVE/API2/Nodes.pm 'version': proxied to that node)."""
+        return self.get('nodes/{0}/version'.format(node))
 
     def guests(self):
         """Every guest of the cluster in one request: {vmid: resource}."""

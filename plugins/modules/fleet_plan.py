@@ -20,8 +20,10 @@ description:
   - What it knows of the nodes comes from the inventory - gpu_node's facts on each host of the play
     (C(gpufleet_gpu_devices) for the GPU indexes and device majors, C(gpu_node_driver) for the driver bundle,
     C(gpu_node_shared) for the shared directories).
-  - With GPUs in the fleet and O(passthrough) V(auto) or V(devn), it reads the cluster's version (one login and one
-    request with O(api)) - V(auto) is V(devn) from PVE 8.1 on and V(raw) before; V(devn) is refused before 8.1.
+  - With GPUs in the fleet and O(passthrough) V(auto) or V(devn), it reads the version of each node with GPU
+    containers (one login, and one request a node, with O(api)), since the nodes of a cluster being upgraded run
+    different ones - V(auto) is V(devn) on a node from PVE 8.1 on and V(raw) on one before; V(devn) is refused for a
+    node before 8.1.
   - With V(raw), the GPUs go in as raw C(lxc.*) lines for M(gpufleet.proxmox.lxc_raw) to write, and the containers
     to start are reconciled V(present) first, to start once their lines are written.
   - Changes nothing.
@@ -77,7 +79,7 @@ options:
   api:
     description:
       - The PVE API connection (M(gpufleet.proxmox.lxc_container)'s C(api_*) options, C(validate_certs), C(ca_path)),
-        used only to read the cluster's version where GPUs are passed through as V(devn) or V(auto), and to tell
+        used only to read the nodes' versions where GPUs are passed through as V(devn) or V(auto), and to tell
         whether the login is C(root@pam) with its password (devN needs it).
     type: dict
     default: {}
@@ -111,11 +113,21 @@ EXAMPLES = r'''
 
 RETURN = r'''
 passthrough:
-  description: How the fleet's GPUs are passed through (V(devn) or V(raw)).
+  description: How the fleet's GPUs are passed through - V(devn) or V(raw) where every node has the same mode,
+    V(mixed) where the nodes' versions differ across 8.1 in V(auto) mode.
   returned: success
   type: str
+passthrough_nodes:
+  description: The passthrough mode of each node of the plan (V(devn) or V(raw)).
+  returned: success
+  type: dict
+pve_versions:
+  description: Each node's own PVE version, where it was read (nodes with GPU containers, O(passthrough) V(auto)
+    or V(devn)), by GET /nodes/<node>/version.
+  returned: success
+  type: dict
 pve_version:
-  description: The cluster's version, where it was read (GPUs in the fleet, O(passthrough) V(auto) or V(devn)).
+  description: The version of those nodes where they all run the same one (else null).
   returned: success
   type: str
 containers:

@@ -138,14 +138,14 @@ ENTRY_CHECKS = (('vmid', _vmid), ('hostname', _hostname), ('node', _node),
                 ('rootfs', _rootfs), ('gpus', _gpus), ('gpu_mode', _gpu_mode), ('gpu_gid', _gpu_gid))
 
 
-def _devn_problem(pve, is_root_password, passthrough):
+def _devn_problem(pve, is_root_password, passthrough, node=None):
     """Why GPUs cannot go in as this run would pass them (devN needs PVE 8.1 and root@pam's password), or None."""
     if passthrough not in ('auto', 'devn'):
         return None
     if pve is not None and pve_version(pve) < DEVN_SINCE:
         if passthrough == 'devn':
-            return ('passthrough devn needs PVE 8.1 or later; the cluster runs {0} '
-                    '(use gpu_container_passthrough: raw)'.format(pve))
+            return ('passthrough devn needs PVE 8.1 or later; node {0} runs {1} '
+                    '(use gpu_container_passthrough: raw, or auto)'.format(node, pve))
         return None  # auto: raw lxc lines instead (plan())
     if not is_root_password:
         return ('GPU passthrough (devN) can only be set by root@pam with its password; the API login is a token. '
@@ -153,11 +153,19 @@ def _devn_problem(pve, is_root_password, passthrough):
     return None
 
 
+def version_of(pve, node):
+    """A node's PVE version from what a run knows: {node: version} (read per node), one version for every node, or
+    None where unknown."""
+    if isinstance(pve, dict):
+        return pve.get(node) if isinstance(node, str) else None
+    return pve
+
+
 def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, passthrough='auto'):
     """Every problem with the fleet definition, as 'containers[i] (vmid N).field: what' sentences.
 
     nodes: {node name: [GPU indexes it has]} for the nodes the inventory knows.
-    pve: the cluster's version string ('8.4.1'), or None when unknown.
+    pve: the nodes' versions ({node: '8.4.1'}), one version for all, or None when unknown.
     Each entry's keys are checked by ENTRY_CHECKS, in that order; where a value passes, the checks across
     entries follow it (a vmid or hostname, case-insensitively, given twice; a node the inventory lacks);
     then, where the gpus are good, the GPUs against the node's and the other containers', and the passthrough.
@@ -167,7 +175,6 @@ def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, pas
     out = []
     seen = {'vmid': {}, 'hostname': {}}  # {key: {value: index of the entry that gave it first}}
     owner = {}  # {(node, GPU index): index of the entry given it first}
-    devn_problem = _devn_problem(pve, is_root_password, passthrough)
 
     def across(key, value, i):
         if key in seen:
@@ -202,6 +209,7 @@ def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, pas
                                                  g, node, owner[(node, g)])))
                 elif not gpu_sharing:
                     owner[(node, g)] = i
+            devn_problem = _devn_problem(version_of(pve, node), is_root_password, passthrough, node)
             if devn_problem and (gpu_list(entry, node_gpus or []) or entry.get('devices')):
                 problems.append(('gpus', devn_problem))
         where = 'containers[{0}]'.format(i) + ('' if entry.get('vmid') is None else ' (vmid {0})'.format(entry['vmid']))
@@ -294,13 +302,26 @@ class Fleet(object):
         if problems:
             raise FleetError(problems)
 
-    def needs_version(self):
-        """Whether the plan depends on the cluster's version: a container that stays with GPUs or devices, passed
-        through as devN (which PVE has from 8.1 on) or in auto mode (devN from 8.1 on, raw lines before)."""
+    def check_cluster(self, cluster):
+        """Raise FleetError naming every planned entry whose node is not one of the cluster's (cluster: its node
+        names, as GET /nodes lists them)."""
+        problems = ['containers[{0}] (vmid {1}).node: {2} is not a node of the cluster (its nodes: {3})'.format(
+            i, e.get('vmid'), e['node'], ', '.join(sorted(cluster))) for i, e in enumerate(self.containers)
+            if isinstance(e, dict) and e.get('node') in self.reached and e['node'] not in cluster]
+        if problems:
+            raise FleetError(problems)
+
+    def version_nodes(self):
+        """The nodes whose PVE version the plan depends on, sorted: those with a container that stays with GPUs or
+        devices, passed through as devN (which PVE has from 8.1 on) or in auto mode (devN from 8.1 on, raw lines
+        before). Each node's own version counts: a cluster being upgraded runs several."""
         if self.passthrough == 'raw' or self.override.get('state') == 'absent':
-            return False
-        return any(isinstance(e, dict) and (gpu_list(e, self.gpus.get(e.get('node')) or []) or e.get('devices'))
-                   for e in self.planned())
+            return []
+        return sorted(set(e['node'] for e in self.planned()
+                          if gpu_list(e, self.gpus.get(e.get('node')) or []) or e.get('devices')))
+
+    def needs_version(self):
+        return bool(self.version_nodes())
 
     def planned(self):
         """The entries of the nodes this run reaches (after check(): every entry is a dict with a node)."""
@@ -352,15 +373,18 @@ class Fleet(object):
         spec['devices'] = devices if mode == 'raw' else self.device_nodes(entry) + devices
         return spec
 
-    def expand(self, mode):
-        """One lxc_container entry per container, for passthrough mode devn or raw, with the override on top."""
-        return [dict(self.spec(entry, mode), **self.override) for entry in self.planned()]
+    def expand(self, modes):
+        """One lxc_container entry per container, for passthrough mode devn or raw (one for every node, or {node:
+        mode}), with the override on top."""
+        return [dict(self.spec(entry, version_of(modes, entry['node'])), **self.override) for entry in self.planned()]
 
-    def raw(self):
+    def raw(self, modes='raw'):
         """{node: {vmid: [raw lxc lines]}}: GPU passthrough without devN (PVE before 8.1), for the containers that
-        have GPUs."""
+        have GPUs on the nodes passed through raw (modes: one for every node, or {node: mode})."""
         out = {}
         for entry in self.planned():
+            if version_of(modes, entry['node']) != 'raw':
+                continue
             node = self.node(entry)
             devices = gpu_nodes(entry, self.gpus.get(entry['node']), minors=node.get('minors'))
             if devices:
@@ -377,21 +401,30 @@ class Fleet(object):
                                   'gpu_info': [g for g in self.node(entry).get('gpus') or [] if g.get('index') in gpus]}
         return out
 
-    def mode(self, pve=None):
-        if self.passthrough != 'auto':
-            return self.passthrough
-        if not self.needs_version():
-            return 'devn'  # nothing to pass through, or nothing that stays
-        return 'devn' if pve_version(pve) >= DEVN_SINCE else 'raw'
+    def modes(self, pve=None):
+        """{node: devn or raw} for the planned nodes: O(passthrough) where it is not auto; in auto mode devN where
+        the node runs PVE 8.1 or later (pve: {node: version}, or one version for all) or has nothing to pass
+        through, raw lines before."""
+        needs = self.version_nodes()
+        out = {}
+        for node in sorted(set(e['node'] for e in self.planned())):
+            if self.passthrough != 'auto':
+                out[node] = self.passthrough
+            else:
+                out[node] = 'devn' if node not in needs or pve_version(version_of(pve, node)) >= DEVN_SINCE else 'raw'
+        return out
 
     def plan(self, pve=None, check_mode=False):
-        """{passthrough, wanted, containers, raw, hosts}: with raw passthrough outside check mode, the containers to
-        keep are reconciled present first, for their raw lines to be written before they start; raw: {node: {vmid:
-        lines}}; hosts: {vmid: inventory host} (see hosts())."""
-        mode = self.mode(pve)
-        wanted = self.expand(mode)
-        first = wanted
-        if mode == 'raw' and not check_mode:
-            first = [dict(spec, state='present') if spec.get('state') != 'absent' else spec for spec in wanted]
-        return {'passthrough': mode, 'wanted': wanted, 'containers': first, 'raw': self.raw() if mode == 'raw' else {},
-                'hosts': self.hosts()}
+        """{passthrough, passthrough_nodes, wanted, containers, raw, hosts}: passthrough is devn or raw where every
+        planned node has the same mode, else mixed; passthrough_nodes the mode of each node. Outside check mode, the
+        containers to keep on nodes passed through raw are reconciled present first, for their raw lines to be
+        written before they start; raw: {node: {vmid: lines}}; hosts: {vmid: inventory host} (see hosts())."""
+        modes = self.modes(pve)
+        wanted = self.expand(modes)
+        first = [dict(spec, state='present') if modes.get(spec['node']) == 'raw' and not check_mode and
+                 spec.get('state') != 'absent' else spec for spec in wanted]
+        kinds = set(modes.values())
+        summary = kinds.pop() if len(kinds) == 1 else ('mixed' if kinds else (
+            self.passthrough if self.passthrough != 'auto' else 'devn'))
+        return {'passthrough': summary, 'passthrough_nodes': modes, 'wanted': wanted, 'containers': first,
+                'raw': self.raw(modes), 'hosts': self.hosts()}

@@ -346,3 +346,38 @@ def test_a_container_found_on_another_node_is_drift_and_a_repair_moves_it_back(c
     summary = json.loads((tmp_path / 'reports' / 'summary.json').read_text())
     assert summary['verdict'] == 'verified 3 of 3 container(s)'
     assert dict((r['host'], r['node']) for r in summary['containers'])['util-c3'] == 'pve3'
+
+
+def test_a_cluster_half_upgraded_passes_each_nodes_gpus_the_way_that_node_can_take_them(cluster, control, tmp_path):
+    """pve2 still runs PVE 8.0, which has no devN (its API refuses dev0 as PVE::JSONSchema does), while pve1 runs
+    9: in auto mode each node's version is read (GET /nodes/<node>/version) and train-c2 on pve2 gets its GPU as raw
+    lxc lines while train-c1 on pve1 keeps devN; both are verified, and a second run changes nothing."""
+    pve = cluster['pve']
+    pve.made.extend([221, 222, 223])
+    if 222 in [r['vmid'] for r in pve.api.cluster.resources.get(type='vm')]:  # made afresh on the old node
+        old = on(cluster, 'pve2').lxc(222)
+        if old.status.current.get()['status'] == 'running':
+            pve.ok(old.status.stop.post())
+        pve.ok(old.delete())
+    control.set_version('8.0.4', node='pve2')
+    try:
+        assert on(cluster, 'pve2').version.get()['version'] == '8.0.4'
+        assert on(cluster, 'pve1').version.get()['version'] == pve.api.version.get()['version'] == '9.0.10'
+        with pytest.raises(ResourceException) as e:
+            make(cluster, 'pve2', 971, dev0='/dev/nvidia0')
+        assert e.value.status_code == 400 and 'dev0' in str(e.value)
+        first = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
+        assert first.rc == 0, first.failures() or first.stdout[-3000:]
+        c2 = on(cluster, 'pve2').lxc(222).config.get()
+        assert not [k for k in c2 if k.startswith('dev')], c2
+        assert 'lxc.mount.entry: /dev/nvidia3 dev/nvidia3 none bind,optional,create=file' in [
+            '{0}: {1}'.format(*line) for line in c2.get('lxc') or []], c2
+        assert 'dev0' in on(cluster, 'pve1').lxc(221).config.get()
+        summary = json.loads((tmp_path / 'reports' / 'summary.json').read_text())
+        assert summary['verdict'] == 'verified 3 of 3 container(s)'
+        report = json.loads((tmp_path / 'reports' / 'train-c2.json').read_text())
+        assert '/dev/nvidia3' in report['torch']['device_access']['nodes']
+        again = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
+        assert again.rc == 0 and all(s['changed'] == 0 for s in again.stats.values()), again.stats
+    finally:
+        control.set_version('9.0.10')

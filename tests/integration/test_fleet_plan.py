@@ -13,7 +13,7 @@ AWAY = {'api_host': '127.0.0.1', 'api_port': 9, 'api_user': 'root@pam', 'api_pas
 
 
 def plan_tasks(containers, api=None, **options):
-    """The node's facts set on localhost (the play's only host, so the plan's only node), then the plan."""
+    """The node's facts set on pve1 (the play's only host, so the plan's only node), then the plan."""
     args = dict(containers=containers, defaults={'ostemplate': TEMPLATE_VOLID, 'storage': 'local-lvm',
                                                  'state': 'started'},
                 api=api or API_DEFAULTS, **options)
@@ -22,11 +22,11 @@ def plan_tasks(containers, api=None, **options):
 
 
 def planned(play, containers, *args, **options):
-    return play(plan_tasks(containers, **options), *args).task(1)
+    return play(plan_tasks(containers, **options), *args, hosts='pve1').task(1, 'pve1')
 
 
 def entry(vmid, **extra):
-    return dict({'vmid': vmid, 'hostname': 'plan{0}'.format(vmid), 'node': 'localhost'}, **extra)
+    return dict({'vmid': vmid, 'hostname': 'plan{0}'.format(vmid), 'node': 'pve1'}, **extra)
 
 
 def test_a_fleet_expands_into_plain_containers_by_the_clusters_version(play, control):
@@ -51,7 +51,7 @@ def test_a_node_without_the_optional_control_nodes_gives_its_containers_the_rest
         'nvidiactl': {'path': '/dev/nvidiactl'}, 'nvidia-uvm': {'path': '/dev/nvidia-uvm'}}))
     tasks = plan_tasks([entry(990, gpus=[0])])
     tasks[0] = {'ansible.builtin.set_fact': bare}
-    res = play(tasks).task(1)
+    res = play(tasks, hosts='pve1').task(1, 'pve1')
     assert not res.get('failed'), res.get('msg')
     assert [d['path'] for d in res['containers'][0]['devices']] == ['/dev/nvidia0', '/dev/nvidiactl', '/dev/nvidia-uvm']
     assert all(d['mode'] == '0666' for d in res['containers'][0]['devices'])
@@ -66,7 +66,7 @@ def test_raw_passthrough_starts_the_containers_after_their_lines(play, control):
         assert [c['state'] for c in res['containers']] == ['present', 'present']
         assert [c['state'] for c in res['wanted']] == ['started', 'stopped']
         assert res['containers'][0]['devices'] == []
-        lines = res['raw']['localhost']['990']  # by vmid (a string key once the result is JSON)
+        lines = res['raw']['pve1']['990']  # by vmid (a string key once the result is JSON)
         assert 'lxc.cgroup2.devices.allow: c 195:1 rw' in lines and 'lxc.cgroup2.devices.allow: c 509:0 rw' in lines
         # in check mode the states stay as the fleet wants them
         checked = planned(play, [entry(990, gpus=[1])], '--check')
@@ -79,7 +79,7 @@ def test_every_problem_is_named_before_any_request(play):
     bad = [entry(990, gpus=[7]), entry(990, hostname='dup_'), entry(992, cpus=2), entry(993, memory=8)]
     res = planned(play, bad, api=AWAY)
     assert res.get('failed') and 'The fleet definition has 5 problem(s)' in res['msg'], res.get('msg')
-    for words in ('containers[0] (vmid 990).gpus: node localhost has no GPU 7 (it has [0, 1])',
+    for words in ('containers[0] (vmid 990).gpus: node pve1 has no GPU 7 (it has [0, 1])',
                   'containers[1] (vmid 990).vmid: 990 is also the vmid of containers[0]',
                   'containers[1] (vmid 990).hostname:', 'containers[2] (vmid 992).cpus: unknown key',
                   'containers[3] (vmid 993).memory:'):
@@ -116,3 +116,18 @@ def test_the_first_node_of_api_host_that_answers_serves_the_run(play):
     assert res.get('failed') and res['msg'].startswith(
         'cannot log in to the PVE API as root@pam: no node of api_host answers: https://127.0.0.2:8006 ('), res['msg']
     assert 'https://127.0.0.3:8006 (' in res['msg']
+
+
+def test_a_node_that_the_cluster_does_not_have_is_named_before_any_change(play, control):
+    """The inventory may name a host that is no node of the cluster (here localhost, a node of the play): the plan
+    reads the cluster's nodes where it reads their versions, and lxc_container where a container names a node that
+    holds no guest; each names the node and the cluster's nodes, and nothing is changed."""
+    control.clear_requests()
+    res = play(plan_tasks([dict(entry(990, gpus=[0]), node='localhost')])).task(1)
+    assert res.get('failed') and ('containers[0] (vmid 990).node: localhost is not a node of the cluster '
+                                  '(its nodes: pve1)') in res['msg'], res.get('msg')
+    res = play([{'gpufleet.proxmox.lxc_container': {'containers': [
+        {'vmid': 990, 'node': 'pve9', 'hostname': 'x', 'ostemplate': TEMPLATE_VOLID}]},
+        'ignore_errors': True}]).task(0)
+    assert res.get('failed') and res['msg'] == 'vmid 990: node pve9 is not a node of the cluster (its nodes: pve1)'
+    assert control.mutating_requests() == []

@@ -66,7 +66,7 @@ def test_checks_across_entries_follow_the_value_they_concern():
     ]
 
 
-DEVN_OLD = 'passthrough devn needs PVE 8.1 or later; the cluster runs 8.0.2 (use gpu_container_passthrough: raw)'
+DEVN_OLD = 'passthrough devn needs PVE 8.1 or later; node {node} runs 8.0.2 (use gpu_container_passthrough: raw, or auto)'
 TOKEN = ('GPU passthrough (devN) can only be set by root@pam with its password; the API login is a token. '
          'Set gpufleet_api_user: root@pam and gpufleet_api_password (from a vault) for provisioning runs.')
 
@@ -84,8 +84,25 @@ def test_passthrough_is_checked_for_containers_with_gpus_or_devices(pve, passthr
              {'vmid': 201, 'hostname': 'b', 'node': 'util01', 'devices': [{'path': '/dev/fuse'}]},
              {'vmid': 202, 'hostname': 'c', 'node': 'util01'}]
     got = _fleet.errors(fleet, NODES, pve, is_root_password, False, passthrough)
-    assert got == ([] if problem is None else ['containers[0] (vmid 200).gpus: ' + problem,
-                                               'containers[1] (vmid 201).gpus: ' + problem])
+    assert got == ([] if problem is None else ['containers[0] (vmid 200).gpus: ' + problem.format(node='gpu01'),
+                                               'containers[1] (vmid 201).gpus: ' + problem.format(node='util01')])
+
+
+def test_each_node_is_checked_against_its_own_version():
+    """A cluster being upgraded: gpu01 runs PVE 8.0 (no devN), util01 PVE 9; in auto mode each node gets its own
+    passthrough, and devn is refused only for the node that cannot have it."""
+    fleet = [{'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'gpus': [0]},
+             {'vmid': 201, 'hostname': 'b', 'node': 'util01', 'devices': [{'path': '/dev/fuse'}]}]
+    versions = {'gpu01': '8.0.2', 'util01': '9.1.1'}
+    assert _fleet.errors(fleet, NODES, versions, True, False, 'devn') == [
+        'containers[0] (vmid 200).gpus: ' + DEVN_OLD.format(node='gpu01')]
+    assert _fleet.errors(fleet, NODES, versions, True, False, 'auto') == []
+    plan = _fleet.Fleet(fleet, {'gpu01': {'indexes': [0, 1]}, 'util01': {'indexes': []}},
+                        defaults={'state': 'started'}).plan(versions)
+    assert plan['passthrough'] == 'mixed' and plan['passthrough_nodes'] == {'gpu01': 'raw', 'util01': 'devn'}
+    assert [c['state'] for c in plan['containers']] == ['present', 'started']  # raw lines first, on gpu01 only
+    assert list(plan['raw']) == ['gpu01'] and plan['wanted'][0]['devices'] == []
+    assert plan['wanted'][1]['devices'] == [{'path': '/dev/fuse'}]
 
 
 def test_a_node_that_is_not_a_name_is_a_problem_not_a_crash():

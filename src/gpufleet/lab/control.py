@@ -61,9 +61,9 @@ class Control:
     def state(self):
         return self.get('/state')
 
-    def set_version(self, version):
-        """Make the API report another PVE version (9.0.10 by default)."""
-        return self.call('POST', '/version', {'version': version})
+    def set_version(self, version, node=None):
+        """Make every node run another PVE version (9.0.10 by default), or only `node` (a cluster half upgraded)."""
+        return self.call('POST', '/version', dict({'version': version}, **({'node': node} if node else {})))
 
     def set_status_lag(self, seconds):
         """Make /cluster/resources show each container's status as it was this many seconds ago ('unknown' for

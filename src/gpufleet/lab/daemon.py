@@ -45,6 +45,12 @@ CT_TASKS = ('vzcreate', 'vzrestore', 'vzstart', 'vzstop', 'vzshutdown', 'vzreboo
             'vzsuspend', 'vzresume', 'vzmigrate')
 
 
+def pve_version(text):
+    """(major, minor) of a version string ('8.4.1')."""
+    m = re.match(r'(\d+)\.(\d+)', str(text))
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
 class LabPve(FakePve):
     def __init__(self, lab, creds):
         super().__init__(user='root@pam', password=creds['api_password'], host=lab.api_host, port=lab.api_port)
@@ -59,6 +65,7 @@ class LabPve(FakePve):
         self.grant(token, '/', *TOKEN_PRIVILEGES)
         self.store_file('local', TEMPLATE, 130 * 1024 ** 2, content='vztmpl')
         self._ct_locks = {}
+        self.node_versions = {}  # {node: version} where a node runs another version than the API's node
         self._migrating = {}  # {vmid: target} of the migrations asked for, until their task runs
         self.status_lag = 0.0
         self._statd = {}  # {vmid: [(since, status)]}: what pvestatd would have seen, and from when
@@ -283,6 +290,14 @@ class LabPve(FakePve):
         a config change: pve-container src/PVE/LXC/Config.pm update_pct_config ("Validate device"), which
         API2/LXC.pm's create calls before the task and API2/LXC/Config.pm's PUT under the config lock; the die
         is the API's 500."""
+        old = [key for key in sorted(values) if re.fullmatch(r'dev\d+', key)] if pve_version(
+            self.node_version(node)) < (8, 1) else []
+        if old:
+            # devN came with pve-container 5.0.7 (PVE 8.1; commit ce1976b, "Add device passthrough"): an older
+            # node's API schema has no such parameter, and PVE::JSONSchema refuses what it does not define
+            raise PveError(400, 'Parameter verification failed.', dict(
+                (key, 'property is not defined in schema and the schema does not allow additional properties')
+                for key in old))
         for key, value in values.items():
             if re.fullmatch(r'dev\d+', key):
                 try:
@@ -290,11 +305,26 @@ class LabPve(FakePve):
                 except lxcconf.ConfigError as e:
                     raise PveError(500, str(e)) from None
 
-    def hotplugs_devices(self):
-        """Whether this PVE hot-plugs a new devN into a running container: pve-container 6.0.4 (PVE 9) does
+    # -- each node's own PVE version ---------------------------------------------
+    def node_version(self, node):
+        """The pve-manager version a node runs: nodes of one cluster may run different ones during an upgrade."""
+        return self.node_versions.get(node) or self.version
+
+    def _routes_lab_nodes(self):
+        return [('GET', '/nodes/{node}/version', self._node_version)]
+
+    async def _node_version(self, values, user):
+        """GET /nodes/{node}/version: the node's own version (pve-manager PVE/API2/Nodes.pm 'version', proxyto
+        node, any user: PVE::pvecfg::version_info of that node)."""
+        version = self.node_version(values['node'])
+        return {'version': version, 'release': '.'.join(version.split('.')[:2]), 'repoid': 'fakepve'}
+
+    def hotplugs_devices(self, node):
+        """Whether a node's PVE hot-plugs a new devN into a running container: pve-container 6.0.4 (PVE 9) does
         (commit c702167, "implement device hotplug"); 5.x (PVE 8, branch stable-bookworm) has no devN branch in
-        LXC/Config.pm vmconfig_hotplug_pending, so every devN change of a running container stays pending."""
-        return int(str(self.version).split('.')[0]) >= 9
+        LXC/Config.pm vmconfig_hotplug_pending, so every devN change of a running container stays pending. The
+        config change is made on the container's node (API2/LXC/Config.pm: proxyto node), so its version decides."""
+        return pve_version(self.node_version(node)) >= (9, 0)
 
     async def _lxc_create(self, user, v):
         if v.get('node') in self.backends:
@@ -311,7 +341,7 @@ class LabPve(FakePve):
         result = await super()._lxc_config_put(user, v)
         ct = self.ct(int(v['vmid']))
         if ct is not None and ct.status == 'running':
-            if not self.hotplugs_devices():
+            if not self.hotplugs_devices(ct.node):
                 for key in [k for k in ct.config if re.fullmatch(r'dev\d+', k) and k not in before[0]]:
                     ct.pending[key] = ct.config.pop(key)
             failed = await self._sync(ct.vmid)
@@ -392,8 +422,17 @@ class LabPve(FakePve):
         return web.json_response(True)
 
     async def _c_version(self, request):
-        """{version}: the PVE version the API reports (an older PVE for tests of the pre-8.1 paths)."""
+        """{version, node}: the PVE version a node runs (an older PVE for tests of the pre-8.1 paths). Without a
+        node: every node's (and /version's, which the API's own node answers)."""
         spec = await request.json()
+        if spec.get('node'):
+            if spec['node'] not in self.nodes:
+                raise web.HTTPNotFound(text='no node {0}'.format(spec['node']))
+            self.node_versions[spec['node']] = spec['version']
+            if spec['node'] != self.lab.node:
+                return web.json_response(True)
+        else:
+            self.node_versions.clear()
         self.version = spec['version']
         self.release_version = '.'.join(spec['version'].split('.')[:2])
         return web.json_response(True)

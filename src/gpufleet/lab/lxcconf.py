@@ -125,6 +125,10 @@ def render(vmid, config, lab, cgroup_v2, rootfs_lower, passthrough):
         lines.append('{0}devices.allow = {1} {2}:{3} {4}'.format(prefix, kind, major, minor, access))
     for key, value in config.get('lxc', []) or []:
         key, value = translate_raw(key, value, cgroup_v2)
+        source = value.split(' ', 1)[0]
+        if key == 'lxc.mount.entry' and source.startswith('/dev/'):
+            # a raw bind of a device node binds the node's own /dev (each lab node has its own)
+            value = os.path.join(lab.dev_dir, source[len('/dev/'):]) + value[len(source):]
         lines.append('{0} = {1}'.format(key, value))
     return '\n'.join(lines) + '\n'
 
