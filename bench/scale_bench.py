@@ -69,6 +69,10 @@ def container_inventory(lab, creds, the_fleet, path):
         yaml.safe_dump({'all': {'hosts': hosts}}, fh)
 
 
+class RunFailed(Exception):
+    pass
+
+
 def run(argv, env, times_file=None):
     started = time.monotonic()
     if times_file:
@@ -76,7 +80,7 @@ def run(argv, env, times_file=None):
     done = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     took = time.monotonic() - started
     if done.returncode != 0:
-        raise SystemExit('{0} failed:\n{1}'.format(' '.join(argv), done.stdout[-4000:]))
+        raise RunFailed('{0} failed:\n{1}'.format(' '.join(argv), done.stdout[-4000:]))
     return took
 
 
@@ -144,7 +148,10 @@ def main():
     results = {'forks': FORKS, 'runs': args.runs, 'cores': os.cpu_count(), 'sizes': {}}
     try:
         for nodes, per_node in sizes:
-            name, out = measure(lab, nodes, per_node, args.runs, tmp)
+            try:
+                name, out = measure(lab, nodes, per_node, args.runs, tmp)
+            except RunFailed as e:  # said in the results, and the other sizes still measured
+                name, out = '{0}x{1}'.format(nodes, per_node), {'failed': str(e)[-2000:]}
             results['sizes'][name] = out
             print(name, json.dumps(dict((k, v) for k, v in out.items() if not k.endswith('_tasks'))), flush=True)
     finally:
@@ -154,6 +161,8 @@ def main():
     slopes = {}
     for a, b in zip(names, names[1:]):
         fa, fb = results['sizes'][a], results['sizes'][b]
+        if 'failed' in fa or 'failed' in fb:
+            continue
         more = fb['containers'] - fa['containers']
         if more > 0:
             slopes['{0}->{1}'.format(a, b)] = dict(

@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.proxmox contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Files and links replaced in one rename, so a reader sees the old one or the new one, never half of one
-(standard library only)."""
+"""Files and links replaced in one rename, so a reader sees the old one or the new one, never half of one; and
+files and links compared with what they should be (standard library only)."""
 
 
 import io
@@ -52,3 +52,32 @@ def replace_link(link, target):
         os.unlink(tmp)
     os.symlink(target, tmp)
     os.rename(tmp, link)
+
+
+def stale(files):
+    """What differs between the node and the files it should have: [{path, code: file_stale, msg, fix}] for each
+    of files ({path, content, mode} for a file, {path, src} for a symbolic link) that is missing, holds other text,
+    has another mode or points elsewhere. Reads only."""
+    out = []
+    for item in files:
+        path = item['path']
+        if item.get('src') is not None:
+            try:
+                target = os.readlink(path)
+            except (IOError, OSError):
+                target = None
+            why = None if target == item['src'] else (
+                'is missing' if target is None else 'points to {0}, not {1}'.format(target, item['src']))
+        else:
+            text = read_text(path)
+            why = None
+            if text is None:
+                why = 'is missing'
+            elif text != item.get('content', ''):
+                why = 'differs from what it should hold'
+            elif item.get('mode') and (os.stat(path).st_mode & 0o7777) != int(str(item['mode']), 8):
+                why = 'has mode {0:04o}, not {1}'.format(os.stat(path).st_mode & 0o7777, item['mode'])
+        if why:
+            out.append({'code': 'file_stale', 'path': path, 'msg': '{0} {1}'.format(path, why),
+                        'fix': 'run the gpu_node role (it writes the file)'})
+    return out

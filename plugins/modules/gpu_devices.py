@@ -26,6 +26,10 @@ description:
     libraries of the loaded version to gather. Where its bundle of that version is intact, that bundle keeps
     serving and the finding is C(driver_not_rebooted) (with C(installed), the versions on disk), else
     C(bundle_stale) saying the same.
+  - With O(boot_files), also reports each of the node's own files (the device-node script, its boot unit and the
+    link that enables it) that is missing, holds other text, has another mode or points elsewhere
+    (C(file_stale), with its C(path)), so that a role writes only those. A node without a loaded driver makes no
+    device nodes and they are not checked.
   - Changes nothing. Uses only the Python standard library.
 author:
   - gpufleet maintainers (@gpufleet)
@@ -80,6 +84,25 @@ options:
     description: The mode of the shared directories, in octal.
     type: str
     default: '0755'
+  boot_files:
+    description: The node's own files as they should be.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: The file or link on the node.
+        type: path
+        required: true
+      content:
+        description: The text a file should hold.
+        type: str
+      mode:
+        description: The mode a file should have, in octal.
+        type: str
+      src:
+        description: Where a symbolic link should point (the entry is a link).
+        type: str
   bundle:
     description:
       - What the node's driver bundle holds, as a dict of the options of M(gpufleet.proxmox.driver_bundle) but
@@ -112,8 +135,8 @@ ansible_facts:
       description:
         - C(gpus) (index, path, major, minor, mode, and pci_bus_id, uuid, name where nvidia-smi answers),
           C(count), C(control) (nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools by name), C(caps),
-          C(majors), C(uvm_major), C(driver_version), C(findings) (code, msg, fix, and path for a share or the
-          bundle), C(nvidia_smi) (the one that answered), C(persistenced) (the path of nvidia-persistenced where it is installed, else null),
+          C(majors), C(uvm_major), C(driver_version), C(findings) (code, msg, fix, and path for a share, the
+          bundle or a boot file), C(nvidia_smi) (the one that answered), C(persistenced) (the path of nvidia-persistenced where it is installed, else null),
           C(bundle) (C(version) and C(path) of the driver bundle of the loaded module; null without O(bundle) or
           a loaded driver).
       type: dict
@@ -123,7 +146,7 @@ ansible_facts:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _nvidia
 
 
 def main():
@@ -136,6 +159,9 @@ def main():
                                               shares_owner=dict(type='int'),
                                               shares_mode=dict(type='str', default='0755'),
                                               bundle=dict(type='dict'),
+                                              boot_files=dict(type='list', elements='dict', default=[], options=dict(
+                                                  path=dict(type='path', required=True), content=dict(type='str'),
+                                                  mode=dict(type='str'), src=dict(type='str'))),
                                               driver_optional=dict(type='bool', default=False)),
                            supports_check_mode=True)
     p = module.params
@@ -149,6 +175,8 @@ def main():
                              [{'path': share['path'], 'owner': None if share['read_only'] else p['shares_owner'],
                                'mode': p['shares_mode']} for share in p['shares']], p['bundle'],
                              p['driver_optional'])
+    if facts['driver_version'] is not None:
+        facts['findings'].extend(_files.stale(p['boot_files']))
     module.exit_json(changed=False, ansible_facts={'gpufleet_gpu_devices': facts})
 
 

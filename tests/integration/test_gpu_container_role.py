@@ -234,6 +234,35 @@ def test_gpu_node_remakes_a_missing_uvm_node(tmp_path, lab):
             os.chmod('/dev/nvidia-uvm-tools', 0o666)  # mknod's mode passes through the umask
 
 
+def test_gpu_node_writes_its_boot_files_only_where_they_are_wanting(tmp_path, lab):
+    """Discovery compares the device-node script, its unit and the link that enables it with what the role writes:
+    on a node where they are as they should be no task of boot.yml runs; one changed by hand is a finding
+    (file_stale) in check mode, and a plain run puts it back."""
+    node = [{'name': 'node', 'hosts': 'pve_nodes', 'gather_facts': False,
+             'roles': [{'role': 'gpufleet.proxmox.gpu_node', 'gpu_node_driver_bundle': False}]}]
+    first = run_playbook(node, tmp_path)
+    assert first.rc == 0, first.stdout[-3000:]
+    boot_tasks = ('Put the script that makes the NVIDIA device nodes on the node', 'Put its boot unit on the node')
+
+    def ran(result):
+        return [t['task'] for t in result.tasks('pve1') if t['task'].endswith(boot_tasks)]
+    again = run_playbook(node, tmp_path)
+    assert again.rc == 0 and again.stats['pve1']['changed'] == 0 and ran(again) == [], again.stats
+    script = lab.path('node', 'usr', 'local', 'sbin', 'gpufleet-nvidia-nodes')
+    with open(script, 'a') as fh:
+        fh.write('# edited by hand\n')
+    check = run_playbook(node, tmp_path, '--check')
+    found = [t for t in check.tasks('pve1') if t['task'].endswith("Discover the node's NVIDIA devices and driver")]
+    findings = found[0]['ansible_facts']['gpufleet_gpu_devices']['findings']
+    assert [(f['code'], f['path']) for f in findings if f['code'] == 'file_stale'] == [('file_stale', script)]
+    with open(script) as fh:
+        assert fh.read().endswith('# edited by hand\n')  # check mode changes nothing
+    fixed = run_playbook(node, tmp_path)
+    assert fixed.rc == 0 and len(ran(fixed)) == 2
+    with open(script) as fh:
+        assert 'edited by hand' not in fh.read()
+
+
 def test_after_a_node_reboot_its_boot_unit_makes_the_nodes_before_the_containers_start(tmp_path, pve, lab):
     from gpufleet.lab import manager
     fleet = [entry(316, 'boot-gpu', [2, 3]), entry(317, 'boot-cpu', [])]  # onboot, as gpu_container's defaults

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _nvidia_devices, _pveconf, _venv, _venv_build
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _lxc, _nvidia_devices, _pveconf, _venv, _venv_build
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _drift, _fleet, _verdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -458,3 +458,24 @@ def test_a_container_whose_node_is_down_is_unreached_not_unread():
     rows = dict((r['host'], r) for r in verdict['containers'])
     assert rows['c3']['state'] == 'unreached' and 'could not reach its node' in rows['c3']['why']
     assert rows['c4']['state'] == 'unread' and not verdict['ok']
+
+
+def test_files_that_are_not_as_they_should_be_are_named(tmp_path):
+    script, unit, link = tmp_path / 'script', tmp_path / 'unit', tmp_path / 'wants'
+    want = [{'path': str(script), 'content': '#!/bin/sh\n', 'mode': '0755'},
+            {'path': str(unit), 'content': '[Unit]\n', 'mode': '0644'},
+            {'path': str(link), 'src': '../unit'}]
+    assert [(f['code'], f['msg']) for f in _files.stale(want)] == [
+        ('file_stale', '{0} is missing'.format(p)) for p in (script, unit, link)]
+    script.write_text('#!/bin/sh\n')
+    script.chmod(0o644)
+    unit.write_text('[Unit]\nold\n')
+    os.symlink('../other', str(link))
+    assert [f['msg'] for f in _files.stale(want)] == [
+        '{0} has mode 0644, not 0755'.format(script), '{0} differs from what it should hold'.format(unit),
+        '{0} points to ../other, not ../unit'.format(link)]
+    script.chmod(0o755)
+    unit.write_text('[Unit]\n')
+    os.unlink(str(link))
+    os.symlink('../unit', str(link))
+    assert _files.stale(want) == []

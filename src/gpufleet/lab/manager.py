@@ -114,6 +114,7 @@ def up(lab=None, say=print, nodes=None, gpus=None, drivers=None):
         for node in lab.cluster():
             host.ensure_gpus(node, record, say)
         host.ensure_network(lab, record)
+        host.ensure_sysctls(record)
         host.ensure_tls(lab)
         host.ensure_credentials(lab)
         offline = set(_saved_state(lab).get('offline') or [])  # the nodes node-down took stay down
@@ -145,6 +146,7 @@ def down(lab=None, say=print):
     host.remove_pct(record)
     host.remove_gpus(record)
     host.remove_network(record)
+    host.remove_sysctls(record)
     host.remove_subids(record)
     host.remove_lxc_cgroups()
     if os.path.isdir(lab.root):

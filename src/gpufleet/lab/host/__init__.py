@@ -13,7 +13,7 @@ from .base import (  # noqa: F401
     ensure_base, ensure_subids, ensure_wheelhouse, preflight, remove_subids, shift_ids)
 from .gpus import (  # noqa: F401
     ensure_gpus, free_dynamic_major, gpu_record_key, lose_gpu_nodes, real_nvidia, remove_gpus)
-from .network import ensure_network, remove_network  # noqa: F401
+from .network import ensure_network, ensure_sysctls, remove_network, remove_sysctls  # noqa: F401
 from .services import (  # noqa: F401
     code_version, daemon_running, ensure_pct, ensure_sshd, remove_lxc_cgroups, remove_pct, sshd_running,
     start_daemon, stop_daemon, stop_sshd, wait_api)

@@ -40,3 +40,41 @@ def remove_network(record):
     if record.get('ip_forward') in ('0', '1'):
         with open('/proc/sys/net/ipv4/ip_forward', 'w') as fh:
             fh.write(record['ip_forward'])
+
+
+# -- the kernel limits a PVE node runs its containers with ------------------------------
+# pve-container installs src/10-pve-ct-inotify-limits.conf as /usr/lib/sysctl.d/10-pve-ct-inotify-limits.conf:
+# the kernel's defaults would let only a few dozen systemd containers start (each takes inotify instances and
+# keys under its owner's uid, and every unprivileged container of a node maps to the same host uid).
+PVE_SYSCTLS = {
+    'fs/inotify/max_queued_events': 8388608,
+    'fs/inotify/max_user_instances': 65536,
+    'fs/inotify/max_user_watches': 4194304,
+    'vm/max_map_count': 262144,
+    'net/ipv4/neigh/default/gc_thresh3': 8192,
+    'kernel/keys/maxkeys': 2000,
+}
+
+
+def ensure_sysctls(record):
+    """Raise the host's limits to a PVE node's where they are lower (never lower one); down puts back the old."""
+    saved = record.setdefault('sysctls', {})
+    for key, value in sorted(PVE_SYSCTLS.items()):
+        path = os.path.join('/proc/sys', key)
+        try:
+            now = int(_read(path).split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        if now < value:
+            saved.setdefault(key, now)
+            with open(path, 'w') as fh:
+                fh.write(str(value))
+
+
+def remove_sysctls(record):
+    for key, value in sorted((record.pop('sysctls', None) or {}).items()):
+        try:
+            with open(os.path.join('/proc/sys', key), 'w') as fh:
+                fh.write(str(value))
+        except OSError:
+            pass
