@@ -1,6 +1,6 @@
 """How the fleet's runs cost as the fleet grows: per container and per node, side by side with Ansible's floor.
 
-    python bench/scale_bench.py [--sizes 1x5,1x20,3x20] [--runs 1]
+    python bench/scale_bench.py [--sizes 1x5,1x20,3x12] [--runs 1]
 
 For each size (nodes x containers per node), on a lab brought up with that many nodes (8 GPU stand-ins each), a
 fleet of that many containers (the lab's CPU profile; the first 8 of each node with a GPU each) is made with
@@ -15,6 +15,9 @@ each the median of --runs runs made in rounds. Reported per size: seconds, each 
 the torch floor over ping, and where the time goes (the tasks that took most, from the task_times callback);
 across sizes: the marginal seconds per container (the slope between one size and the next). The lab is left
 with one node and no containers of the benchmark. Results print and go to bench/results/scale.json.
+
+Disk: each container holds its own venv (copy mode, the default), about 1.2 GB with the CPU profile, so 3x20 needs
+about 75 GB free; the project's machines have about 60 GB, hence 3x12 by default.
 """
 
 import argparse
@@ -139,7 +142,7 @@ def measure(lab, nodes, per_node, runs, tmp):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument('--sizes', default='1x5,1x20,3x20', help='nodes x containers per node, comma-separated')
+    parser.add_argument('--sizes', default='1x5,1x20,3x12', help='nodes x containers per node, comma-separated')
     parser.add_argument('--runs', type=int, default=1)
     args = parser.parse_args()
     lab = Lab()

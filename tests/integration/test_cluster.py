@@ -381,3 +381,17 @@ def test_a_cluster_half_upgraded_passes_each_nodes_gpus_the_way_that_node_can_ta
         assert again.rc == 0 and all(s['changed'] == 0 for s in again.stats.values()), again.stats
     finally:
         control.set_version('9.0.10')
+
+
+def test_the_cli_limited_to_a_node_verifies_that_nodes_containers(cluster, tmp_path):
+    """gpufleet verify --node pve2: the node and its containers' group, nothing else."""
+    cluster['pve'].made.extend([221, 222, 223])
+    full = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
+    assert full.rc == 0, full.failures() or full.stdout[-3000:]
+    done = subprocess.run([os.path.join(ROOT, '.venv', 'bin', 'gpufleet'), 'verify', '-i', CLUSTER, '--node', 'pve2',
+                           '--json', '--artifacts', str(tmp_path / 'home')], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    result = json.loads(done.stdout)
+    assert done.returncode == 0 and result['exit_code'] == 0, result.get('verdict')
+    assert result['verdict'] == 'clean: verified 1 of 1 container(s)'
+    assert sorted(result['hosts']) == ['pve2', 'train-c2']

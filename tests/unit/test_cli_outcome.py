@@ -126,3 +126,13 @@ def test_progress_follows_the_events_per_host():
     assert log.export_text().splitlines() == [
         'PLAY Verify each container', '  failed: train-1: Verify torch: token ******** refused',
         '  unreachable: pve2: no route']
+
+
+def test_node_is_a_limit_to_the_node_and_its_containers():
+    assert fleet.node_limit(['pve1']) == 'pve1,gpufleet_containers_pve1'
+    assert fleet.node_limit(['gpu-01', 'util.02']) == ('gpu-01,gpufleet_containers_gpu_01,'
+                                                      'util.02,gpufleet_containers_util_02')
+    from gpufleet.cli.main import build_parser as parser
+    with pytest.raises(SystemExit):
+        parser().parse_args(['verify', '--node', 'pve1', '--limit', 'pve1'])
+    assert parser().parse_args(['verify', '--node', 'pve1', '--node', 'pve2']).node == ['pve1', 'pve2']

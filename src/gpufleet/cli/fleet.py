@@ -13,6 +13,7 @@ Each run keeps its artifacts and reports under a private (0700) directory, scrub
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -20,6 +21,7 @@ import time
 from . import secrets, show
 
 CLEAN, ERROR, DRIFT, UNREACHABLE = 0, 1, 2, 4
+CONTAINERS_GROUP = 'gpufleet_containers'  # the gpu_container role's gpu_container_group
 PLAYBOOKS = {'up': 'gpufleet.proxmox.site', 'drift': 'gpufleet.proxmox.drift', 'verify': 'gpufleet.proxmox.verify'}
 KEEP_RUNS = 20
 
@@ -125,6 +127,12 @@ def outcome(command, fix, runner_status, rc, stats, verified, drift):
             'nodes': nodes, 'containers': [containers[h] for h in sorted(containers)]}
 
 
+def node_limit(nodes, group=CONTAINERS_GROUP):
+    """--node: the host pattern of those nodes and their containers (the gpu_container role puts a node's running
+    containers in <group>_<node>, its name's other characters as _), which join the inventory during the run."""
+    return ','.join('{0},{1}_{2}'.format(node, group, re.sub(r'[^A-Za-z0-9_]', '_', node)) for node in nodes)
+
+
 def this_run(summary, ident):
     """A report of this run (its run.id is ident), else None: the CLI never reads another run's verdict."""
     return summary if isinstance(summary, dict) and (summary.get('run') or {}).get('id') == ident else None
@@ -145,6 +153,7 @@ def run(args):
         show.warn('the inventory\'s secret variables could not be read, so only the environment\'s, '
                   '-e\'s and the vault password are scrubbed: ' + scrubber.text(error))
     fix = getattr(args, 'fix', False)
+    limit = node_limit(args.node) if args.node else args.limit
     cmdline = ansible_options(args)
     if args.command == 'drift' and not fix:
         cmdline += ['--check', '--diff']
@@ -152,7 +161,7 @@ def run(args):
     with progress:
         r = ansible_runner.run(
             private_data_dir=home, project_dir=os.getcwd(), ident=ident, playbook=PLAYBOOKS[args.command],
-            cmdline=shlex.join(cmdline), limit=args.limit, forks=args.forks, verbosity=args.verbose or None,
+            cmdline=shlex.join(cmdline), limit=limit, forks=args.forks, verbosity=args.verbose or None,
             envvars={'PATH': env['PATH'], 'GPUFLEET_REPORT_DIR': reports, 'GPUFLEET_RUN_ID': ident}, quiet=True,
             event_handler=progress.event, rotate_artifacts=KEEP_RUNS, suppress_env_files=True)
     result = outcome(args.command, fix, r.status, r.rc, r.stats,
@@ -186,6 +195,8 @@ def add_parsers(sub):
         inventory=(('-i', '--inventory'), dict(action='append', metavar='INVENTORY',
                                                help='inventory path (repeatable); default: ansible.cfg\'s')),
         limit=(('--limit', '-l'), dict(help="Ansible's host pattern limit (nodes and containers)")),
+        node=(('--node',), dict(action='append', metavar='NODE',
+                                help='only this node and its containers (repeatable; instead of --limit)')),
         forks=(('--forks', '-f'), dict(type=int, help='parallel hosts (default: ansible.cfg\'s)')),
         extra_vars=(('-e', '--extra-vars'), dict(action='append', metavar='VARS',
                                                  help='extra variables, key=value, JSON or @file (repeatable)')),
@@ -201,8 +212,9 @@ def add_parsers(sub):
     for name in ('up', 'drift', 'verify'):
         p = sub.add_parser(name, help=helps[name], description=helps[name] + '.\n\n' + __doc__.split('\n\n')[1],
                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        scope = p.add_mutually_exclusive_group()  # --node is a --limit spelled by node
         for dest, (flags, kw) in common.items():
-            p.add_argument(*flags, dest=dest, **kw)
+            (scope if dest in ('limit', 'node') else p).add_argument(*flags, dest=dest, **kw)
         if name == 'drift':
             p.add_argument('--fix', action='store_true', help='repair the drift (a plain drift.yml run)')
         p.set_defaults(func=run)

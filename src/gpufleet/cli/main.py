@@ -3,7 +3,8 @@
     gpufleet up            provision the fleet (site.yml)
     gpufleet drift [--fix] report the fleet's drift (check mode), or repair it and verify
     gpufleet verify        verify every container (read only)
-                           each with -i, --limit, --forks, -e, --vault-password-file, --json, -v;
+                           each with -i, --limit or --node NODE (a node and its containers), --forks, -e,
+                           --vault-password-file, --json, -v;
                            exit codes: 0 clean, 1 error, 2 drift found, 4 hosts unreachable
     gpufleet lab up [--nodes N] [--gpus 8,4,0] [--drivers V1,V2,V3]
                            bring the local Proxmox lab up (idempotent): one node, pve1, or a cluster of N
