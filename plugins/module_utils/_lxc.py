@@ -720,7 +720,6 @@ class Reconciler(object):
         res['config'] = dict((k, v) for k, v in client.get(path + '/config').items() if k != 'digest')
         return res
 
-
     def _move(self, plan, done):
         """Stop the container where it is (if it runs), migrate it to the fleet's node and follow it there: (its
         node, its API path) from now on. A migration PVE refuses leaves it where it was, started again if it ran (as
