@@ -183,7 +183,7 @@ def test_raw_passthrough_on_a_pve_older_than_8_1(tmp_path, pve, control, lab):
         assert second.rc == 0 and all(s['changed'] == 0 for s in second.stats.values()), second.stats
         forced = site(tmp_path, fleet, '--tags', 'node,containers', gpu_container_passthrough='devn',
                       gpu_node_driver_bundle=False)
-        assert forced.rc != 0 and 'passthrough devn needs PVE 8.1 or later; the cluster runs 8.0.4' in forced.stdout
+        assert forced.rc != 0 and 'passthrough devn needs PVE 8.1 or later; node pve1 runs 8.0.4' in forced.stdout
     finally:
         control.set_version('9.0.10')
 
