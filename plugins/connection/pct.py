@@ -12,7 +12,9 @@ description:
     (ssh opens a connection of its own for a session the shared one cannot carry, past the node's C(MaxSessions));
     or directly when the controller is the node (O(local)).
   - Where the node's sshd turns a connection or a session away before the command starts (C(MaxStartups),
-    C(MaxSessions)), the command is tried again, O(retries) times with a growing pause.
+    C(MaxSessions)), or lxc-attach fails before it enters the container (its re-execution from a sealed memfd
+    can fail for a moment with EBUSY, C(Failed to rexec as memfd)), the command is tried again, O(retries) times
+    with a growing pause.
   - Files are copied both ways through the same channel (no temporary file on the node); pipelining is
     supported; C(become) works inside the container (pct exec runs as the container's root).
 author:
@@ -88,7 +90,8 @@ options:
     vars:
       - name: ansible_pct_timeout
   retries:
-    description: How often a command the node's sshd turned away before it started is tried again.
+    description: How often a command that was turned away before it started (by the node's sshd, or by
+      lxc-attach before it entered the container) is tried again.
     type: int
     default: 6
     vars:
@@ -124,6 +127,9 @@ ROOT_ENV = ['/usr/bin/env', 'HOME=/root', 'USER=root', 'LOGNAME=root', 'SHELL=/b
 # "... read: Connection reset by peer"), a session refused on a shared connection (MaxSessions: "Session open
 # refused by peer", where ssh does not open its own connection instead).
 TURNED_AWAY = ('kex_exchange_identification', 'Session open refused by peer')
+# lxc-attach re-executes itself from a sealed memfd before it attaches (lxc src/lxc/rexec.c); sealing can fail for a
+# moment with EBUSY while the copy's pages are still referenced. Nothing ran in the container then.
+NOT_STARTED = ('Failed to rexec as memfd',)
 
 
 def remote_path(path):
@@ -182,7 +188,7 @@ class Connection(ConnectionBase):
     def _run(self, container_argv, stdin=None, stdout=subprocess.PIPE):
         argv = self._argv(container_argv)
         display.vvv('PCT EXEC {0}'.format(' '.join(shlex.quote(a) for a in argv)), host=self._play_context.remote_addr)
-        retries = 0 if self.get_option('local') else max(0, self.get_option('retries'))
+        retries = max(0, self.get_option('retries'))
         for attempt in range(retries + 1):
             for stream in (stdin, stdout):
                 if hasattr(stream, 'seek'):  # a file given or taken whole: from its start again
@@ -196,13 +202,17 @@ class Connection(ConnectionBase):
                 raise AnsibleConnectionFailure('pct connection: cannot run {0}: {1}'.format(argv[0], e))
             out, err = proc.communicate(stdin if isinstance(stdin, bytes) else None)
             said = to_text(err, errors='replace').strip()
-            turned_away = proc.returncode == 255 and any(m in said for m in TURNED_AWAY)
-            if not turned_away or attempt == retries:
+            turned_away = proc.returncode == 255 and not self.get_option('local') and any(m in said for m in TURNED_AWAY)
+            not_started = proc.returncode != 0 and not out and any(m in said for m in NOT_STARTED)
+            if not (turned_away or not_started) or attempt == retries:
                 break
             pause = min(8.0, 0.25 * 2 ** attempt) * (0.5 + random.random())
             display.vvv('PCT: {0} turned the command away ({1}); again in {2:.1f} s'.format(self._where(), said, pause),
                         host=self._play_context.remote_addr)
             time.sleep(pause)
+        if not_started:
+            raise AnsibleConnectionFailure('pct exec of CT {0} on {1} failed before the command started, {2} times: '
+                                           '{3}'.format(self._vmid(), self._where(), retries + 1, said))
         if turned_away:
             raise AnsibleConnectionFailure(
                 '{0} turned CT {1}\'s command away {2} times: {3} (its sshd\'s MaxStartups or MaxSessions; fewer forks, '

@@ -118,3 +118,18 @@ def test_clear_errors(tmp_path, creds, pve):
                       [{'ansible.builtin.command': 'true'}])
     assert unreachable.task(0, 'ct').get('unreachable')
     assert 'cannot reach node 127.0.0.1 over SSH' in unreachable.task(0, 'ct')['msg']
+
+
+def test_a_command_that_lxc_attach_failed_to_start_is_tried_again(tmp_path, creds, container):
+    """lxc-attach can fail before it enters the container ("Failed to rexec as memfd", a moment's EBUSY): nothing ran,
+    so the command is tried again. Here a pct that fails so once, then is the node's own."""
+    count = tmp_path / 'tries'
+    pct = tmp_path / 'pct'
+    pct.write_text('#!/bin/sh\nn=$(cat {0} 2>/dev/null || echo 0); echo $((n + 1)) > {0}\n'
+                   'if [ "$n" = 0 ]; then echo "Device or resource busy - Failed to rexec as memfd" >&2; exit 1; fi\n'
+                   'exec pct "$@"\n'.format(count))
+    pct.chmod(0o755)
+    inv = inventory(tmp_path, creds, container, ansible_pct_local=True, ansible_pct_executable=str(pct))
+    r = run(tmp_path, inv, [{'ansible.builtin.raw': 'hostname'}])
+    assert r.rc == 0 and r.task(0, 'ct')['stdout'].strip() == 'conn985', r.stdout[-2000:]
+    assert int(count.read_text()) == 2
