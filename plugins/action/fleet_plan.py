@@ -75,7 +75,7 @@ class ActionModule(ControllerAction):
             if fleet.needs_version():
                 # each node's own version (a cluster being upgraded runs several), one request a node
                 client = _pve.PveClient(connection(api))
-                fleet.check_cluster([n['node'] for n in client.get('nodes')])
+                fleet.check_cluster(client.nodes())
                 versions = dict((node, client.node_version(node).get('version')) for node in fleet.version_nodes())
                 fleet.check(versions, root)
             plan = fleet.plan(versions, bool(self._task.check_mode))

@@ -75,8 +75,10 @@ def stale(files):
                 why = 'is missing'
             elif text != item.get('content', ''):
                 why = 'differs from what it should hold'
-            elif item.get('mode') and (os.stat(path).st_mode & 0o7777) != int(str(item['mode']), 8):
-                why = 'has mode {0:04o}, not {1}'.format(os.stat(path).st_mode & 0o7777, item['mode'])
+            elif item.get('mode'):
+                mode = os.stat(path).st_mode & 0o7777
+                if mode != int(str(item['mode']), 8):
+                    why = 'has mode {0:04o}, not {1}'.format(mode, item['mode'])
         if why:
             out.append({'code': 'file_stale', 'path': path, 'msg': '{0} {1}'.format(path, why),
                         'fix': 'run the gpu_node role (it writes the file)'})

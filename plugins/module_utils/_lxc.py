@@ -100,6 +100,11 @@ def _size_gb(text):
     return float(m.group(1)) * factor
 
 
+def pve_bool(text):
+    """A boolean as PVE's JSONSchema takes it (1, yes, on, true; anything else is false)."""
+    return str(text).lower() in ('1', 'true', 'on', 'yes')
+
+
 def canonical(key, value):
     """A value in a form where equal means equal to PVE."""
     family = key_family(key)
@@ -110,7 +115,7 @@ def canonical(key, value):
         if family == 'net':
             props = dict((k, v.lower() if k == 'hwaddr' else v) for k, v in props.items())
         if key == 'features':
-            props = dict((k, '1' if v.lower() in ('1', 'true', 'on', 'yes') else '0') for k, v in props.items())
+            props = dict((k, '1' if pve_bool(v) else '0') for k, v in props.items())
         return props
     if key == 'tags':
         return sorted(t for t in re.split(r'[;, ]+', str(value)) if t)
@@ -392,7 +397,7 @@ class Reconciler(object):
         unknown = [spec for spec in specs if spec.get('node') and spec['node'] not in known]
         if not unknown:
             return
-        nodes = sorted(n['node'] for n in self.client.get('nodes'))
+        nodes = self.client.nodes()
         bad = ['vmid {0}: node {1} is not a node of the cluster (its nodes: {2})'.format(
             spec['vmid'], spec['node'], ', '.join(nodes)) for spec in unknown if spec['node'] not in nodes]
         if bad:
@@ -504,8 +509,8 @@ class Reconciler(object):
             plan['status'] = 'stopped'  # the move stops it: every change lands at once, before it starts there
         for key in sorted((k for k in current if key_family(k) == 'mp'), key=lambda k: int(k[2:])):
             props = parse_props(current[key], 'volume')
-            volume, shared = props.get('volume', ''), str(props.get('shared', '0')).lower() in ('1', 'true', 'yes', 'on')
-            if volume.startswith('/') and not shared:
+            volume = props.get('volume', '')
+            if volume.startswith('/') and not pve_bool(props.get('shared', '0')):
                 why = "cannot migrate local {0} mount point '{1}'".format(
                     'device' if volume.startswith('/dev/') else 'bind', key)
                 res['move_refused'] = why

@@ -234,6 +234,10 @@ class PveClient(object):
         """The version of the node that answers the API."""
         return self.get('version')
 
+    def nodes(self):
+        """The names of the cluster's nodes, sorted."""
+        return sorted(n['node'] for n in self.get('nodes'))
+
     def node_version(self, node):
         """A node's own version (pve-manager PVE/API2/Nodes.pm 'version': proxied to that node)."""
         return self.get('nodes/{0}/version'.format(node))

@@ -153,12 +153,12 @@ def _devn_problem(pve, is_root_password, passthrough, node=None):
     return None
 
 
-def version_of(pve, node):
-    """A node's PVE version from what a run knows: {node: version} (read per node), one version for every node, or
-    None where unknown."""
-    if isinstance(pve, dict):
-        return pve.get(node) if isinstance(node, str) else None
-    return pve
+def per_node(value, node):
+    """A node's own value of something given per node ({node: value}, as the nodes' versions or passthrough modes)
+    or once for every node; None for a node a dict does not name."""
+    if isinstance(value, dict):
+        return value.get(node) if isinstance(node, str) else None
+    return value
 
 
 def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, passthrough='auto'):
@@ -209,7 +209,7 @@ def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, pas
                                                  g, node, owner[(node, g)])))
                 elif not gpu_sharing:
                     owner[(node, g)] = i
-            devn_problem = _devn_problem(version_of(pve, node), is_root_password, passthrough, node)
+            devn_problem = _devn_problem(per_node(pve, node), is_root_password, passthrough, node)
             if devn_problem and (gpu_list(entry, node_gpus or []) or entry.get('devices')):
                 problems.append(('gpus', devn_problem))
         where = 'containers[{0}]'.format(i) + ('' if entry.get('vmid') is None else ' (vmid {0})'.format(entry['vmid']))
@@ -376,14 +376,14 @@ class Fleet(object):
     def expand(self, modes):
         """One lxc_container entry per container, for passthrough mode devn or raw (one for every node, or {node:
         mode}), with the override on top."""
-        return [dict(self.spec(entry, version_of(modes, entry['node'])), **self.override) for entry in self.planned()]
+        return [dict(self.spec(entry, per_node(modes, entry['node'])), **self.override) for entry in self.planned()]
 
     def raw(self, modes='raw'):
         """{node: {vmid: [raw lxc lines]}}: GPU passthrough without devN (PVE before 8.1), for the containers that
         have GPUs on the nodes passed through raw (modes: one for every node, or {node: mode})."""
         out = {}
         for entry in self.planned():
-            if version_of(modes, entry['node']) != 'raw':
+            if per_node(modes, entry['node']) != 'raw':
                 continue
             node = self.node(entry)
             devices = gpu_nodes(entry, self.gpus.get(entry['node']), minors=node.get('minors'))
@@ -411,7 +411,7 @@ class Fleet(object):
             if self.passthrough != 'auto':
                 out[node] = self.passthrough
             else:
-                out[node] = 'devn' if node not in needs or pve_version(version_of(pve, node)) >= DEVN_SINCE else 'raw'
+                out[node] = 'devn' if node not in needs or pve_version(per_node(pve, node)) >= DEVN_SINCE else 'raw'
         return out
 
     def plan(self, pve=None, check_mode=False):

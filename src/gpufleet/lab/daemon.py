@@ -290,14 +290,14 @@ class LabPve(FakePve):
         a config change: pve-container src/PVE/LXC/Config.pm update_pct_config ("Validate device"), which
         API2/LXC.pm's create calls before the task and API2/LXC/Config.pm's PUT under the config lock; the die
         is the API's 500."""
-        old = [key for key in sorted(values) if re.fullmatch(r'dev\d+', key)] if pve_version(
-            self.node_version(node)) < (8, 1) else []
-        if old:
+        if pve_version(self.node_version(node)) < (8, 1):
             # devN came with pve-container 5.0.7 (PVE 8.1; commit ce1976b, "Add device passthrough"): an older
             # node's API schema has no such parameter, and PVE::JSONSchema refuses what it does not define
-            raise PveError(400, 'Parameter verification failed.', dict(
-                (key, 'property is not defined in schema and the schema does not allow additional properties')
-                for key in old))
+            old = sorted(key for key in values if re.fullmatch(r'dev\d+', key))
+            if old:
+                raise PveError(400, 'Parameter verification failed.', dict(
+                    (key, 'property is not defined in schema and the schema does not allow additional properties')
+                    for key in old))
         for key, value in values.items():
             if re.fullmatch(r'dev\d+', key):
                 try:
