@@ -46,9 +46,13 @@ class Run(object):
         return dict((n, self.var(n, 'gpufleet_gpu_devices') or {}) for n in self.nodes)
 
     def running(self):
-        return dict((h, {'driver': self.var(h, 'gpu_container_driver'), 'build': self.var(h, 'torch_venv_build'),
-                         'report': self.verify_reports[h]})
-                    for h in self.containers)
+        out = {}
+        for h in self.containers:
+            build = self.var(h, 'torch_venv_build') or {}
+            # the driver step's result: the venv build's where it made it (gpu_container_driver_with_venv)
+            out[h] = {'driver': build.get('driver') or self.var(h, 'gpu_container_driver'), 'build': build or None,
+                      'report': self.verify_reports[h]}
+        return out
 
 
 class ActionModule(ControllerAction):

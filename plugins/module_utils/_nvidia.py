@@ -391,3 +391,19 @@ def userspace_driver(node_version, mode='bind', mount=None, check=False, ldconfi
     library, version = loaded_libcuda(ldconfig)  # in check mode: what the container loads now
     return {'node_version': node_version, 'version': version, 'library': library,
             'match': version is not None and version == node_version, 'changed_files': changed}
+
+
+def driver_step(node_version, mode='bind', mount=None, require_match=False, check=False):
+    """The driver step of a container (the userspace_driver module's, and venv_build's where it makes the driver in
+    the same call): userspace_driver's result with changed, and msg where require_match and the versions differ.
+    Returns (result, failed): a mismatch fails the step, except in check mode, where it is reported as a change."""
+    result = userspace_driver(node_version, mode, mount, check)
+    result['changed'] = bool(result['changed_files'])
+    if require_match and not result['match']:
+        result['msg'] = ('driver mismatch: the container loads libcuda {0} ({1}) but its node runs kernel module {2}; '
+                         'NVML would answer "Driver/library version mismatch"').format(
+                             result['version'] or 'none', result['library'] or 'not found', node_version)
+        if not check:
+            return result, True
+        result['changed'] = True
+    return result, False

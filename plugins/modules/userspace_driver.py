@@ -88,17 +88,13 @@ def main():
         supports_check_mode=True)
     p = module.params
     try:
-        result = _nvidia.userspace_driver(p['node_version'], p['mode'], p['mount'], module.check_mode)
+        result, failed = _nvidia.driver_step(p['node_version'], p['mode'], p['mount'], p['require_match'],
+                                             module.check_mode)
     except (IOError, OSError) as e:
         module.fail_json(msg='userspace_driver: {0}'.format(e))
-    if p['require_match'] and not result['match']:
-        msg = ('driver mismatch: the container loads libcuda {0} ({1}) but its node runs kernel module {2}; NVML would '
-               'answer "Driver/library version mismatch"').format(
-                   result['version'] or 'none', result['library'] or 'not found', p['node_version'])
-        if not module.check_mode:
-            module.fail_json(msg=msg, **result)
-        module.exit_json(changed=True, msg=msg, **result)
-    module.exit_json(changed=bool(result['changed_files']), **result)
+    if failed:
+        module.fail_json(**result)
+    module.exit_json(**result)
 
 
 if __name__ == '__main__':

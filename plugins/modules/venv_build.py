@@ -145,6 +145,32 @@ options:
     description: Seconds each step (an install, the import check) may take.
     type: int
     default: 3600
+  driver:
+    description:
+      - The container's NVIDIA userspace driver, made and read first in the same call, as
+        M(gpufleet.proxmox.userspace_driver) does with these options, so that a run enters the container once for
+        its driver and its venv. Returned as RV(driver).
+      - With O(driver.require_match=true), a container that does not load its node's driver fails here, before its
+        venv is touched (in check mode the mismatch is reported as a change).
+    type: dict
+    suboptions:
+      node_version:
+        description: The node's kernel module version.
+        type: str
+        required: true
+      mode:
+        description: V(bind) points the loader at O(driver.mount); V(read) only reads.
+        type: str
+        choices: [bind, read]
+        default: bind
+      mount:
+        description: Where the node's driver bundle is bound into the container.
+        type: path
+        default: /opt/nvidia-driver
+      require_match:
+        description: Fail when the container does not load exactly O(driver.node_version).
+        type: bool
+        default: false
 '''
 
 EXAMPLES = r'''
@@ -225,11 +251,17 @@ findings:
   description: The new venv's audit findings, when that check failed.
   returned: failure
   type: dict
+driver:
+  description:
+    - The driver step's result (as M(gpufleet.proxmox.userspace_driver) returns it - node_version, version,
+      library, match, changed_files, changed, msg on a mismatch).
+  returned: when O(driver) is given
+  type: dict
 '''
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv_build
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia, _venv_build
 
 
 def main():
@@ -243,17 +275,32 @@ def main():
         python_version=dict(type='str'), meta=dict(type='dict', default={}), lock_content=dict(type='str'),
         uv_version=dict(type='str'), uv_find_links=dict(type='path'), audit=dict(type='bool', default=False),
         repair=dict(type='bool', default=False), link_mode=dict(type='str', default='copy', choices=['copy', 'hardlink']),
-        audit_mode=dict(type='str', default='fast', choices=['fast', 'full'])),
+        audit_mode=dict(type='str', default='fast', choices=['fast', 'full']),
+        driver=dict(type='dict', options=dict(
+            node_version=dict(type='str', required=True),
+            mode=dict(type='str', choices=['bind', 'read'], default='bind'),
+            mount=dict(type='path', default='/opt/nvidia-driver'), require_match=dict(type='bool', default=False)))),
         required_if=[('rollback', False, ('lock',))], supports_check_mode=True)
     p = module.params
+    driver, extra = p['driver'], {}
+    if driver:
+        try:
+            extra['driver'], failed = _nvidia.driver_step(driver['node_version'], driver['mode'], driver['mount'],
+                                                          driver['require_match'], module.check_mode)
+        except (IOError, OSError) as e:
+            module.fail_json(msg='venv_build: the driver step: {0}'.format(e))
+        if failed:
+            module.fail_json(msg='venv_build: {0}; the venv was not touched'.format(extra['driver']['msg']), **extra)
     try:
         result = _venv_build.deploy(_venv_build.Request.from_params(p, module.check_mode))
     except _venv_build.RepairError as e:
-        module.fail_json(msg='venv_build: the repair of {0} failed: {1}'.format(p['link'], e), **e.details)
+        module.fail_json(msg='venv_build: the repair of {0} failed: {1}'.format(p['link'], e), **dict(e.details, **extra))
     except _venv_build.BuildError as e:
-        module.fail_json(msg='venv_build: {0}; the active venv is unchanged'.format(e), **e.details)
+        module.fail_json(msg='venv_build: {0}; the active venv is unchanged'.format(e), **dict(e.details, **extra))
     except (ValueError, IOError, OSError) as e:
-        module.fail_json(msg='venv_build: {0}'.format(e))
+        module.fail_json(msg='venv_build: {0}'.format(e), **extra)
+    if extra:
+        result.update(extra, changed=result.get('changed') or extra['driver']['changed'])
     module.exit_json(**result)
 
 

@@ -159,6 +159,14 @@ def test_check_reports_the_nodes_uvm_and_share_and_a_containers_driver_then_a_ru
         (driver,) = [i for i in report['containers']['drift-b'] if i['stage'] == 'driver']
         assert driver['item'] == 'userspace_driver' and driver['detail'] == 'libcuda none but the node runs 580.95.05'
         assert not [i for i in report['containers']['drift-a'] if i['stage'] == 'driver']
+        # one entry into the container for its driver and its venv: the venv build's call made the driver step
+        steps = check.tasks('drift-b')
+        (point,) = [t for t in steps if t['task'].endswith('read which driver the container loads')]
+        (build,) = [t for t in steps if 'Build the lock\'s venv' in t['task']]
+        assert point.get('skipped') is True, point
+        assert not build.get('failed') and build['changed'] is True, build
+        assert build['driver']['match'] is False and build['driver']['version'] is None
+        assert 'driver mismatch' in build['driver']['msg'] and build['driver']['changed_files'] == [ldconf]
 
         fix = drift(tmp_path, fleet['fleet'])
         assert fix.rc == 0, fix.stdout[-4000:]
