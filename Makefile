@@ -1,5 +1,5 @@
 # gpufleet.proxmox — everything runs from this checkout, as root, on Debian 12 / Ubuntu 24.04.
-#   make demo   install what is needed, bring the lab up, run site.yml on it
+#   make demo   install what is needed, bring the lab up, run site.yml on it (gpufleet up: its verification table)
 #   make test   every test: unit, lab integration, molecule scenarios, ansible-lint (production profile),
 #               ansible-test sanity
 PYTHON ?= python3
@@ -14,7 +14,7 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc lxc debootstrap openssh-ser
 .PHONY: demo test deps venv lab-up lab-down lab-status unit integration molecule lint sanity bench clean
 
 demo: deps venv lab-up
-	ansible-playbook -i inventories/lab site.yml
+	gpufleet up -i inventories/lab
 	gpufleet lab status
 
 test: deps venv lab-up unit integration molecule lint sanity

@@ -32,8 +32,6 @@ def inventory(root):
             # where this node's own files are (see group_vars/pve_nodes.yml)
             'gpufleet_lab_node_dir': own, 'gpu_node_dev_dir': own + '/dev',
         }
-        if not node['gpus']:
-            hosts[node['name']]['gpu_node_require_driver'] = False  # a node without GPUs has no NVIDIA driver
     return {'pve_nodes': {'hosts': sorted(hosts)}, '_meta': {'hostvars': hosts}}
 
 

@@ -68,13 +68,14 @@ class ActionModule(ControllerAction):
         try:
             # every problem of the definition and every value PVE would refuse, before the login (in auto mode, a
             # token login is a problem only where the cluster has devN: that waits for its version)
-            root = fleet.root_login(api)
+            check_mode = bool(self._task.check_mode)
+            root = fleet.root_login(api, check_mode)
             fleet.check(is_root_password=root or fleet.passthrough == 'auto')
             _lxc.validate(_lxc.container_specs({'containers': fleet.expand('devn')}))
             versions = {}
             if fleet.needs_version():
                 # each node's own version (a cluster being upgraded runs several), one request a node
-                client = _pve.PveClient(connection(api))
+                client = _pve.PveClient(connection(api), read_only=check_mode)
                 fleet.check_cluster(client.nodes())
                 versions = dict((node, client.node_version(node).get('version')) for node in fleet.version_nodes())
                 fleet.check(versions, root)

@@ -596,7 +596,8 @@ class Reconciler(object):
 
     def _check_passthrough(self, vmid, sets, deletes):
         touched = [k for k in list(sets) + list(deletes) if key_family(k) == 'dev' or k == 'lxc']
-        if touched and not self.client.is_root_password:
+        # a check run changes nothing: a token reads what a repair (with the password) would change
+        if touched and not self.client.is_root_password and not self.check_mode:
             raise SpecError(
                 'vmid {0}: {1} (device passthrough) can only be set by root@pam logged in with its password; '
                 'PVE refuses it to every API token, root@pam\'s included. Connected as {2}: give '

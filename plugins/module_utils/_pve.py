@@ -90,11 +90,21 @@ def _translate(err, what):
     return PveError(msg, status=err.status_code, errors=errors)
 
 
+def use_token(params, read_only=False):
+    """Whether a run logs in with the API token rather than the password, where it has both: a run that changes
+    nothing (check mode, reads) uses the token, so that drift checks and verification need no password; a run that
+    changes things uses the password (devN needs root@pam with it; PVE refuses it to every token). With one of the
+    two, that one."""
+    if not params.get('api_token_id'):
+        return False
+    return read_only or not params.get('api_password')
+
+
 class PveClient(object):
-    def __init__(self, params):
+    def __init__(self, params, read_only=False):
         self.params = params
         self.user = params['api_user']
-        self.token = params.get('api_token_id')
+        self.token = params.get('api_token_id') if use_token(params, read_only) else None
         verify = params['validate_certs']
         if verify and params.get('ca_path'):
             verify = params['ca_path']

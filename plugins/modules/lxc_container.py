@@ -296,7 +296,7 @@ def main():
         # every value of every container is checked before the login
         specs = _lxc.container_specs(p)
         _lxc.validate(specs)
-        client = _pve.PveClient(p)
+        client = _pve.PveClient(p, read_only=module.check_mode)
         results = _lxc.reconcile_all(client, specs, module.check_mode, p['lock_timeout'])
     except _lxc.SpecError as e:
         module.fail_json(msg=str(e), changed=False)

@@ -65,7 +65,7 @@ def main():
     if not _pve.HAS_PROXMOXER:
         module.fail_json(msg=missing_required_lib('proxmoxer'), exception=_pve.PROXMOXER_IMPORT_ERROR)
     try:
-        client = _pve.PveClient(module.params)
+        client = _pve.PveClient(module.params, read_only=True)
         version = client.version()
         nodes = client.get('nodes')
         guests = client.guests()

@@ -12,7 +12,7 @@ A fleet entry (see roles/gpu_container/meta/argument_specs.yml):
 import re
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_devices, _pvecheck
-from ansible_collections.gpufleet.proxmox.plugins.module_utils._pve import pve_version
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._pve import pve_version, use_token
 
 # Device nodes every GPU container gets besides its /dev/nvidiaN.
 ENTRY_KEYS = ('vmid', 'hostname', 'node', 'gpus', 'cores', 'memory', 'swap', 'rootfs', 'net', 'template',
@@ -288,10 +288,13 @@ class Fleet(object):
         self.shares = dict((name, node.get('shares') or []) for name, node in self.nodes.items())
 
     @staticmethod
-    def root_login(api):
-        """Whether the API login is root@pam with its password (what devN needs): no request needed to tell."""
+    def root_login(api, read_only=False):
+        """Whether the run's API login may set devN: root@pam with its password (PVE refuses it to every token);
+        a run that changes nothing (read_only: check mode) may use a token. No request needed to tell."""
         api = api or {}
-        return (api.get('api_user') or 'root@pam') == 'root@pam' and not api.get('api_token_id')
+        if read_only:
+            return True
+        return (api.get('api_user') or 'root@pam') == 'root@pam' and not use_token(api)
 
     def check(self, pve=None, is_root_password=True):
         """Raise FleetError naming every problem of the definition (pve: the cluster's version where known)."""
@@ -350,7 +353,7 @@ class Fleet(object):
                 spec[key] = entry[key]
         if entry.get('template'):
             spec['ostemplate'] = entry['template']
-        rootfs = entry.get('rootfs')
+        rootfs = entry.get('rootfs', spec.get('rootfs'))  # the entry's, else the role's default size
         if isinstance(rootfs, int):
             spec['rootfs'] = '{0}:{1}'.format(spec.get('storage') or 'local-lvm', rootfs)
         elif rootfs:

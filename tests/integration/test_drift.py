@@ -198,6 +198,28 @@ def test_verify_playbook_changes_nothing(fleet, tmp_path, control):
     assert verified['ok'] and sorted(c['host'] for c in verified['containers']) == ['drift-a', 'drift-b']
 
 
+def test_a_check_and_a_verification_need_only_a_read_only_token(fleet, tmp_path, control):
+    # a token as the operators' guide makes it: privilege-separated, PVEAuditor on / (it can read, nothing more)
+    control.add_token('auditor', 'auditor-secret', 'PVEAuditor')
+    token_only = ['-e', json.dumps({'gpufleet_api_password': '', 'gpufleet_api_token_id': 'auditor',
+                                    'gpufleet_api_token_secret': 'auditor-secret'})]
+    control.clear_requests()
+    check = drift(tmp_path, fleet['fleet'], '--check', *token_only)
+    assert check.rc == 0, check.stdout[-3000:]
+    assert summary(tmp_path)['drift'] is False
+    seen = control.requests()
+    # read through the token alone: no password login (a ticket), no request that changes anything
+    assert seen and all(method == 'GET' for method, _path, _body in seen), seen
+    verified = play('verify.yml', tmp_path, fleet['fleet'], *token_only)
+    assert verified.rc == 0, verified.stdout[-3000:]
+    assert json.loads((tmp_path / 'reports' / 'summary.json').read_text())['ok']
+    # a run that may change things needs root@pam's password (devN): refused before any request that changes
+    control.clear_requests()
+    repair = drift(tmp_path, fleet['fleet'], *token_only)
+    assert repair.rc != 0 and any('root@pam with its password' in f for f in repair.failures()), repair.failures()
+    assert control.mutating_requests() == []
+
+
 def test_teardown_needs_its_confirmation(fleet, tmp_path, control):
     pve = fleet['pve']
     control.clear_requests()

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _lxc, _nvidia_devices, _pveconf, _venv, _venv_build
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _lxc, _nvidia_devices, _pve, _pveconf, _venv, _venv_build
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _drift, _fleet, _verdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -118,6 +118,12 @@ def test_fleet_plan_checks_the_whole_fleet_then_expands_it_by_the_clusters_versi
     assert '.vmid: must be' in str(e.value) and '.hostname:' in str(e.value) and 'root@pam' in str(e.value)
     assert _fleet.Fleet.root_login({'api_user': 'root@pam', 'api_password': 'x'})
     assert not _fleet.Fleet.root_login({'api_user': 'root@pam', 'api_token_id': 't'})
+    # with both, a changing run logs in with the password, a check run with the token (and may: it sets nothing)
+    both = {'api_user': 'root@pam', 'api_password': 'x', 'api_token_id': 't'}
+    assert _fleet.Fleet.root_login(both) and _fleet.Fleet.root_login({'api_token_id': 't'}, read_only=True)
+    assert not _fleet.Fleet.root_login({'api_user': 'ops@pve', 'api_password': 'x'})
+    assert not _pve.use_token(both) and _pve.use_token(both, read_only=True)
+    assert _pve.use_token({'api_token_id': 't'}) and not _pve.use_token({'api_password': 'x'}, read_only=True)
 
 
 def test_gpu_nodes_get_the_fleets_mode_and_group_unless_the_entry_says():

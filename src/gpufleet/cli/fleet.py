@@ -1,10 +1,10 @@
 """`gpufleet up`, `gpufleet drift [--fix]` and `gpufleet verify`: the collection's playbooks run through
 ansible-runner, with live progress, a table per container at the end (or --json), and exit codes for cron:
 
-    0  clean: the run succeeded, found no drift and verified every container of the fleet definition
+    0  clean: the run succeeded and verified every container of the fleet definition (drift: and found none)
     1  error: a task failed (a repair, a verification), a container of the fleet is missing, stopped or was
        not verified, or the run could not start
-    2  drift found (with --fix: found and repaired, and the fleet verified)
+    2  drift found (with --fix: found and repaired, and the fleet verified); drift only
     4  hosts unreachable
 
 Each run keeps its artifacts and reports under a private (0700) directory, scrubbed of secrets.
@@ -209,8 +209,11 @@ def add_parsers(sub):
     helps = {'up': 'provision: site.yml (nodes, containers, drivers, venvs, verification)',
              'drift': 'report drift (check mode); --fix repairs it and verifies',
              'verify': 'verify every container (read only)'}
+    codes = __doc__.split('\n\n')[1]
     for name in ('up', 'drift', 'verify'):
-        p = sub.add_parser(name, help=helps[name], description=helps[name] + '.\n\n' + __doc__.split('\n\n')[1],
+        # only drift runs write a drift report: up and verify never exit 2
+        own = codes if name == 'drift' else '\n'.join(line for line in codes.split('\n') if not line.startswith('    2 '))
+        p = sub.add_parser(name, help=helps[name], description=helps[name] + '.\n\nexit codes:\n' + own,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         scope = p.add_mutually_exclusive_group()  # --node is a --limit spelled by node
         for dest, (flags, kw) in common.items():

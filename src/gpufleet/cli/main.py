@@ -5,7 +5,7 @@
     gpufleet verify        verify every container (read only)
                            each with -i, --limit or --node NODE (a node and its containers), --forks, -e,
                            --vault-password-file, --json, -v;
-                           exit codes: 0 clean, 1 error, 2 drift found, 4 hosts unreachable
+                           exit codes: 0 clean, 1 error, 4 hosts unreachable, and for drift 2 drift found
     gpufleet lab up [--nodes N] [--gpus 8,4,0] [--drivers V1,V2,V3]
                            bring the local Proxmox lab up (idempotent): one node, pve1, or a cluster of N
                            (pve1..pveN, sshd on 2201..), each with its GPU count and driver version

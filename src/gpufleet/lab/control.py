@@ -70,6 +70,10 @@ class Control:
         one that did not exist then), as pvestatd's rounds do; 0 shows it as it is."""
         return self.call('POST', '/status_lag', {'seconds': seconds})
 
+    def add_token(self, tokenid, secret, role, user='root@pam'):
+        """An API token USER!TOKENID with privilege separation that holds role on '/' (PVEAuditor: read only)."""
+        return self.call('POST', '/token', {'user': user, 'tokenid': tokenid, 'secret': secret, 'role': role})
+
     def set_tfa(self, on):
         """Give root@pam a second factor (its password login is answered with NeedTFA), or take it away."""
         return self.call('POST', '/tfa', {'on': bool(on)})

@@ -27,6 +27,7 @@ import time
 
 from aiohttp import web
 from fakepve.model import PveError, TaskError
+from fakepve.shapes import ROLES
 from fakepve.server import FakePve
 
 from . import lxcconf, pveconf
@@ -358,6 +359,24 @@ class LabPve(FakePve):
             self.save()
         return result
 
+    def allowed(self, user, path, priv):
+        """What PVE lets user do on path. A token with privilege separation (the lab's are such, as the operators'
+        guide makes them) holds only what its own ACL grants, intersected with its user's, and root@pam's tokens
+        are no exception: only root@pam itself skips the ACL (pve-access-control src/PVE/RPCEnvironment.pm,
+        permissions() and compile_acl_path). fakepve lets every root@pam token do anything, and a token what its
+        user may."""
+        if '!' not in user or self.acl is None:
+            return super().allowed(user, path, priv)
+        owner = user.split('!')[0]
+        # the token's own grants, looked up as those of a token whose user is not root@pam (whom fakepve lets do
+        # anything) and has no grants of its own
+        acl, self.acl = self.acl, {'token@lab!own': self.acl.get(user, [])}
+        try:
+            own = super().allowed('token@lab!own', path, priv)
+        finally:
+            self.acl = acl
+        return own and (owner == 'root@pam' or super().allowed(owner, path, priv))
+
     # -- control socket --------------------------------------------------------
     def control_app(self):
         app = web.Application()
@@ -372,6 +391,7 @@ class LabPve(FakePve):
         r.add_post('/status_lag', self._c_status_lag)
         r.add_post('/node', self._c_node)
         r.add_post('/tfa', self._c_tfa)
+        r.add_post('/token', self._c_token)
         return app
 
     async def _c_node(self, request):
@@ -414,6 +434,19 @@ class LabPve(FakePve):
         """{seconds}: how far /cluster/resources' status lags behind the containers' (0: not at all)."""
         self.note_status()
         self.status_lag = float((await request.json())['seconds'])
+        return web.json_response(True)
+
+    async def _c_token(self, request):
+        """{user, tokenid, secret, role}: an API token of user with privilege separation, holding role (fakepve's
+        ROLES: PVEAuditor, Administrator, NoAccess) on '/', as `pveum user token add USER ID --privsep 1` and
+        `pveum acl modify / --tokens USER!ID --roles ROLE` make it."""
+        spec = await request.json()
+        if spec['role'] not in ROLES:
+            raise web.HTTPBadRequest(text='no role {0}'.format(spec['role']))
+        token = '{0}!{1}'.format(spec.get('user') or 'root@pam', spec['tokenid'])
+        self.apitokens[token] = spec['secret']
+        self.acl = dict(self.acl or {}, **{token: []})
+        self.grant(token, '/', *ROLES[spec['role']])
         return web.json_response(True)
 
     async def _c_tfa(self, request):
