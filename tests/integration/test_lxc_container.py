@@ -239,6 +239,10 @@ def test_token_with_devn_is_refused_before_any_change(play, pve, control):
     assert 'root@pam' in res['msg'] and 'dev0' in res['msg'] and 'API token' in res['msg']
     assert changes_to(control, 969) == []
     assert pve.ct(969).config.get()['cores'] == 1
+    # a check run sets nothing: the token reads what a run with root@pam's password would change
+    check = only(play, ct(969, cores=2, devices=[{'path': '/dev/nvidia0'}]), '--check', token=True)
+    assert not check.get('failed'), check.get('msg')
+    assert check['changed'] and sorted(check['changed_keys']) == ['cores', 'dev0'] and changes_to(control, 969) == []
     ok = only(play, ct(969, cores=2), token=True)
     assert ok['changed'] and not ok.get('failed') and pve.ct(969).config.get()['cores'] == 2
 
