@@ -61,7 +61,9 @@ class ActionModule(ControllerAction):
                 seen[name] = {'indexes': None, 'reached': False}
         fleet = _fleet.Fleet(args['containers'], seen, defaults=args['defaults'], passthrough=args['passthrough'],
                              gpu_sharing=args['gpu_sharing'], driver_mount=args['driver_mount'],
-                             override=args['override'], gpu_mode=args['gpu_mode'], gpu_gid=args['gpu_gid'])
+                             override=args['override'], gpu_mode=args['gpu_mode'], gpu_gid=args['gpu_gid'],
+                             tag=args['tag'],
+                             remove_confirm=None if self._task.check_mode else args['remove_confirm'])
         # what a role leaves out of the connection options (omit) is not an option
         api = dict((k, v) for k, v in args['api'].items()
                    if not (isinstance(v, str) and v.startswith('__omit_place_holder__')))

@@ -118,7 +118,7 @@ def canonical(key, value):
             props = dict((k, '1' if pve_bool(v) else '0') for k, v in props.items())
         return props
     if key == 'tags':
-        return sorted(t for t in re.split(r'[;, ]+', str(value)) if t)
+        return tag_list(value)
     if key in ('cores', 'memory', 'swap', 'onboot', 'unprivileged'):
         return int(value)
     if key == 'description':
@@ -760,12 +760,30 @@ HOT_KEYS = ('cores', 'memory', 'swap', 'cpulimit', 'cpuunits', 'description', 'o
             'protection', 'startup')
 
 
-def reconcile_all(client, specs, check_mode, lock_timeout=60):
-    """Validate every definition, plan every container (reads only), then apply the plans."""
+def tag_list(value):
+    """PVE's tags as a sorted list (it keeps them ';'-separated; ',' and spaces separate them on input too)."""
+    return sorted(t for t in re.split(r'[;, ]+', str(value or '')) if t)
+
+
+def orphans(guests, tag, wanted):
+    """The containers of the cluster (guests: {vmid: /cluster/resources entry}) that carry tag but are not among
+    wanted (vmids): [{vmid, node, name, status}] by vmid. Tags are told apart without case, as PVE's datacenter
+    default (tag-style case-sensitive=0) does."""
+    tag = tag.lower()
+    return [{'vmid': vmid, 'node': g.get('node'), 'name': g.get('name'), 'status': g.get('status')}
+            for vmid, g in sorted(guests.items())
+            if g.get('type', 'lxc') == 'lxc' and vmid not in wanted
+            and tag in [t.lower() for t in tag_list(g.get('tags'))]]
+
+
+def reconcile_all(client, specs, check_mode, lock_timeout=60, orphan_tag=None):
+    """Validate every definition, plan every container (reads only), then apply the plans. Returns (results,
+    orphans): with orphan_tag, the containers that carry it but are not among specs (see orphans), else None."""
     validate(specs)
     rec = Reconciler(client, check_mode, lock_timeout)
     rec.check_nodes(specs)
     plans = [rec.plan(spec) for spec in specs]
+    left = orphans(rec.guests(), orphan_tag, set(s['vmid'] for s in specs)) if orphan_tag else None
     results = []
     for n, plan in enumerate(plans):
         try:
@@ -782,7 +800,7 @@ def reconcile_all(client, specs, check_mode, lock_timeout=60):
                                              msg='not reached: CT {0} failed first'.format(plan['vmid']))
                                         for p in plans[n + 1:]]
             raise
-    return results
+    return results, left
 
 
 def container_specs(params):

@@ -76,6 +76,21 @@ options:
       to destroy the fleet.
     type: dict
     default: {}
+  tag:
+    description:
+      - The fleet's tag, added to every container's C(tags), so that a container that carries it but is not in
+        O(containers) is known as the fleet's (an orphan, which M(gpufleet.proxmox.lxc_container)'s C(orphan_tag)
+        reports). Empty - no tag.
+    type: str
+    default: ''
+  remove_confirm:
+    description:
+      - The vmids of the entries with C(state=absent) that this run may destroy (a running one is stopped first).
+        An entry with C(state=absent) whose vmid is not here fails the check before anything changes, naming the
+        confirmation to give. Check mode needs none (it destroys nothing).
+    type: list
+    elements: int
+    default: []
   api:
     description:
       - The PVE API connection (M(gpufleet.proxmox.lxc_container)'s C(api_*) options, C(validate_certs), C(ca_path)),
@@ -183,6 +198,8 @@ ARGUMENT_SPEC = {
     'gpu_mode': {'type': 'str', 'default': '0666'},
     'gpu_gid': {'type': 'int'},
     'override': {'type': 'dict', 'default': {}},
+    'tag': {'type': 'str', 'default': ''},
+    'remove_confirm': {'type': 'list', 'elements': 'int', 'default': []},
     'api': {'type': 'dict', 'default': {}, 'no_log': True},
 }
 

@@ -177,6 +177,11 @@ options:
         reboot tasks, which PVE fails when they find the lock.
     type: int
     default: 60
+  orphan_tag:
+    description:
+      - Report the cluster's containers that carry this tag but are not among the call's (RV(orphans)), from the
+        guest list the call reads anyway. They are left as they are.
+    type: str
 '''
 
 EXAMPLES = r'''
@@ -259,6 +264,11 @@ api_requests:
   description: How many API requests the call made.
   returned: always
   type: int
+orphans:
+  description: The containers that carry O(orphan_tag) but are not among the call's - vmid, node, name, status.
+  returned: when O(orphan_tag) is given
+  type: list
+  elements: dict
 '''
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -279,6 +289,7 @@ def argument_spec():
     spec['containers'] = dict(type='list', elements='dict')
     spec['restart'] = dict(type='list', elements='int', default=[])
     spec['lock_timeout'] = dict(type='int', default=60)
+    spec['orphan_tag'] = dict(type='str')
     return spec
 
 
@@ -297,7 +308,7 @@ def main():
         specs = _lxc.container_specs(p)
         _lxc.validate(specs)
         client = _pve.PveClient(p, read_only=module.check_mode)
-        results = _lxc.reconcile_all(client, specs, module.check_mode, p['lock_timeout'])
+        results, orphans = _lxc.reconcile_all(client, specs, module.check_mode, p['lock_timeout'], p['orphan_tag'])
     except _lxc.SpecError as e:
         module.fail_json(msg=str(e), changed=False)
     except _pve.PveError as e:
@@ -305,6 +316,8 @@ def main():
         for r in done:
             r.pop('diff', None)
         module.fail_json(changed=any(r['changed'] for r in done), containers=done, **e.result())
+    if orphans is not None:
+        out['orphans'] = orphans
     out.update(changed=any(r['changed'] for r in results), containers=results, api_requests=client.requests,
                changed_keys=sorted(set(k for r in results for k in r['changed_keys'])),
                pending=sorted(set(k for r in results for k in r['pending'])),

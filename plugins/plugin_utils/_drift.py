@@ -49,6 +49,13 @@ def containers(reconcile, fleet):
             items.append(_item('container', 'pending', 'changes wait for a restart: {0}'.format(
                 ', '.join(res.get('pending') or []))))
         out[names.get(vmid) or str(vmid)] = items
+    # the cluster's containers that carry the fleet's tag but are not in its definition: reported, left alone
+    for orphan in (reconcile or {}).get('orphans') or []:
+        name = orphan.get('name') or 'CT {0}'.format(orphan['vmid'])
+        out['CT {0}'.format(orphan['vmid']) if name in out else name] = [_item(
+            'container', 'orphan', 'CT {0} on {1} ({2}) carries the fleet\'s tag but is not in its definition: it is '
+            'left as it is (add it to gpufleet_containers, or take the tag off, or destroy it)'.format(
+                orphan['vmid'], orphan.get('node'), orphan.get('status')), vmid=orphan['vmid'], node=orphan.get('node'))]
     return out
 
 

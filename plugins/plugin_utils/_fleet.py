@@ -84,6 +84,15 @@ def _list(key, value):
     return None if value is None or isinstance(value, list) else 'must be a list, got {0!r}'.format(value)
 
 
+# PVE's tag format (pve-common src/PVE/JSONSchema.pm, pve-tag): letters, digits and _ first, then also - + .
+TAG = re.compile(r'^[a-z0-9_][a-z0-9_+.-]*$', re.I)
+
+
+def _tag(key, value):
+    return None if not value or TAG.match(str(value)) else \
+        'must be a PVE tag (letters, digits, _, then also - + .), got {0!r}'.format(value)
+
+
 def _bool(key, value):
     return None if isinstance(value, bool) else 'must be true or false, got {0!r}'.format(value)
 
@@ -270,8 +279,11 @@ class Fleet(object):
     gpu_mode, gpu_gid: how the GPUs' device nodes are made in every container whose entry does not say (devN)."""
 
     def __init__(self, containers, nodes, defaults=None, passthrough='auto', gpu_sharing=False, driver_mount='',
-                 override=None, gpu_mode=GPU_MODE, gpu_gid=None):
+                 override=None, gpu_mode=GPU_MODE, gpu_gid=None, tag='', remove_confirm=None):
         self.containers = containers
+        # the vmids of entries with state absent that the run may destroy (None: a check run, which destroys none)
+        self.remove_confirm = None if remove_confirm is None else set(remove_confirm)
+        self.tag = tag or ''  # the fleet's tag, on every container of it (orphans are found by it)
         self.nodes = nodes or {}
         self.defaults = defaults or {}
         self.passthrough = passthrough or 'auto'
@@ -300,10 +312,24 @@ class Fleet(object):
         """Raise FleetError naming every problem of the definition (pve: the cluster's version where known)."""
         # the fleet-wide values by the checks an entry's own gpu_mode and gpu_gid get
         problems = ['{0}: {1}'.format(key, check(key, value)) for key, check, value in (
-            ('gpu_mode', _gpu_mode, self.gpu_mode), ('gpu_gid', _gpu_gid, self.gpu_gid)) if check(key, value)]
+            ('gpu_mode', _gpu_mode, self.gpu_mode), ('gpu_gid', _gpu_gid, self.gpu_gid), ('tag', _tag, self.tag))
+            if check(key, value)]
         problems += errors(self.containers, self.gpus, pve, is_root_password, self.gpu_sharing, self.passthrough)
+        problems += self.unconfirmed()
         if problems:
             raise FleetError(problems)
+
+    def unconfirmed(self):
+        """Each entry with state absent that the run would destroy without its vmid in remove_confirm."""
+        if self.remove_confirm is None:
+            return []
+        absent = [(i, e) for i, e in enumerate(self.containers or [])
+                  if isinstance(e, dict) and e.get('state') == 'absent' and e.get('vmid') not in self.remove_confirm]
+        every = ','.join(str(e.get('vmid')) for e in self.containers or []
+                         if isinstance(e, dict) and e.get('state') == 'absent')
+        return ['containers[{0}] (vmid {1}).state: absent destroys CT {1} and everything in it (stopped first where it '
+                'runs); to go on, run again with -e gpufleet_remove_confirm={2}'.format(i, e.get('vmid'), every)
+                for i, e in absent]
 
     def check_cluster(self, cluster):
         """Raise FleetError naming every planned entry whose node is not one of the cluster's (cluster: its node
@@ -353,6 +379,10 @@ class Fleet(object):
                 spec[key] = entry[key]
         if entry.get('template'):
             spec['ostemplate'] = entry['template']
+        if self.tag:
+            spec['tags'] = sorted(set(spec.get('tags') or []) | set([self.tag]))
+        if entry.get('state') == 'absent':
+            spec['force'] = True  # confirmed (see unconfirmed): a running container is stopped, then destroyed
         rootfs = entry.get('rootfs', spec.get('rootfs'))  # the entry's, else the role's default size
         if isinstance(rootfs, int):
             spec['rootfs'] = '{0}:{1}'.format(spec.get('storage') or 'local-lvm', rootfs)

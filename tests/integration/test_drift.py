@@ -198,6 +198,26 @@ def test_verify_playbook_changes_nothing(fleet, tmp_path, control):
     assert verified['ok'] and sorted(c['host'] for c in verified['containers']) == ['drift-a', 'drift-b']
 
 
+def test_a_container_with_the_fleets_tag_that_the_definition_does_not_name_is_reported_and_left_alone(fleet, tmp_path):
+    pve = fleet['pve']
+    pve.create(359, hostname='forgotten', tags='gpufleet;team-x')  # once the fleet's, since taken out of the list
+    check = drift(tmp_path, fleet['fleet'], '--check')
+    assert check.rc == 0, check.stdout[-3000:]
+    report = summary(tmp_path)
+    assert report['drift'] is True
+    (orphan,) = report['containers']['forgotten']
+    assert (orphan['item'], orphan['vmid'], orphan['node']) == ('orphan', 359, 'pve1')
+    assert [i for i in report['containers']['drift-a'] if i['item'] == 'tags'] == []  # the fleet's own carry the tag
+    # a repair leaves it as it is: the definition does not name it, so nothing of the run decides its fate
+    fix = drift(tmp_path, fleet['fleet'])
+    assert fix.rc == 0, fix.stdout[-3000:]
+    assert pve.ct(359).config.get()['tags'] == 'gpufleet;team-x'
+    assert summary(tmp_path)['containers']['forgotten'][0]['item'] == 'orphan'
+    pve.ok(pve.ct(359).delete())
+    pve.made.remove(359)
+    assert drift(tmp_path, fleet['fleet'], '--check').rc == 0 and summary(tmp_path)['drift'] is False
+
+
 def test_a_check_and_a_verification_need_only_a_read_only_token(fleet, tmp_path, control):
     # a token as the operators' guide makes it: privilege-separated, PVEAuditor on / (it can read, nothing more)
     control.add_token('auditor', 'auditor-secret', 'PVEAuditor')

@@ -72,6 +72,27 @@ def test_check_mode_on_a_new_fleet_changes_nothing(tmp_path, pve, control):
     assert 313 not in [g['vmid'] for g in pve.api.cluster.resources.get(type='vm')]
 
 
+def test_one_container_is_removed_with_state_absent_only_where_the_run_confirms_it(tmp_path, pve, control):
+    pve.made.append(318)
+    keep, gone = entry(317, 'keeps', []), entry(318, 'leaves', [])
+    pve.made.append(317)
+    first = site(tmp_path, [keep, gone])
+    assert first.rc == 0, first.failures()
+    assert pve.status(318) == 'running'
+    gone['state'] = 'absent'
+    control.clear_requests()
+    refused = site(tmp_path, [keep, gone])
+    assert refused.rc != 0 and any('-e gpufleet_remove_confirm=318' in f for f in refused.failures()), refused.failures()
+    assert control.mutating_requests() == [] and pve.status(318) == 'running'
+    check = site(tmp_path, [keep, gone], '--check')  # a check run destroys nothing, and needs no confirmation
+    assert check.rc == 0, check.failures()
+    assert control.mutating_requests() == [] and pve.status(318) == 'running'
+    done = site(tmp_path, [keep, gone], gpufleet_remove_confirm='318')
+    assert done.rc == 0, done.failures()
+    assert 318 not in [g['vmid'] for g in pve.api.cluster.resources.get(type='vm')]
+    assert pve.status(317) == 'running'
+
+
 def test_driver_mismatch_is_reported(tmp_path, pve, lab):
     pve.made.append(314)
     fleet = [entry(314, 'old-driver', [0])]

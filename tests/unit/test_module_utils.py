@@ -423,6 +423,28 @@ def test_the_fleet_drift_joins_what_each_stage_saw():
     assert _drift.fleet({}, reconcile, definition, {}, None, False)['containers']['b'] == []
 
 
+def test_orphans_are_the_tagged_containers_the_definition_does_not_name_and_are_drift():
+    guests = {201: {'type': 'lxc', 'node': 'pve1', 'name': 'a', 'status': 'running', 'tags': 'gpufleet;team-x'},
+              205: {'type': 'lxc', 'node': 'pve2', 'name': 'old', 'status': 'running', 'tags': 'gpufleet'},
+              206: {'type': 'lxc', 'node': 'pve2', 'name': 'mine', 'status': 'stopped', 'tags': 'gpufleet-dev'},
+              207: {'type': 'lxc', 'node': 'pve1', 'name': 'b', 'status': 'stopped', 'tags': 'x, GPUFLEET'},
+              300: {'type': 'qemu', 'node': 'pve1', 'name': 'vm', 'status': 'running', 'tags': 'gpufleet'}}
+    assert _lxc.orphans(guests, 'gpufleet', {201}) == [
+        {'vmid': 205, 'node': 'pve2', 'name': 'old', 'status': 'running'},
+        {'vmid': 207, 'node': 'pve1', 'name': 'b', 'status': 'stopped'}]
+    assert _lxc.tag_list('x, b;a') == ['a', 'b', 'x']
+    definition = [{'vmid': 201, 'hostname': 'a', 'node': 'pve1'}]
+    reconcile = {'containers': [_ct(201, 'running')],
+                 'orphans': [{'vmid': 205, 'node': 'pve2', 'name': 'old', 'status': 'running'},
+                             {'vmid': 209, 'node': 'pve1', 'name': 'a', 'status': 'stopped'}]}
+    out = _drift.fleet({}, reconcile, definition, {}, None, True)
+    assert out['drift'] is True and out['count'] == 2 and out['containers']['a'] == []
+    (old,) = out['containers']['old']
+    assert (old['stage'], old['item'], old['vmid'], old['node']) == ('container', 'orphan', 205, 'pve2')
+    assert 'CT 205 on pve2 (running) carries the fleet\'s tag' in old['detail']
+    assert out['containers']['CT 209'][0]['item'] == 'orphan'  # its name is a container of the fleet's
+
+
 def test_restart_turns_started_containers_into_restarted_ones():
     params = dict((k, None) for k in _lxc.CONTAINER_SPEC)
     params.update(restart=[201, 202], containers=[{'vmid': 200, 'state': 'started'}, {'vmid': 201, 'state': 'started'},
@@ -485,3 +507,19 @@ def test_files_that_are_not_as_they_should_be_are_named(tmp_path):
     os.unlink(str(link))
     os.symlink('../unit', str(link))
     assert _files.stale(want) == []
+
+
+def test_an_entry_with_state_absent_is_destroyed_only_where_the_run_confirms_its_vmid():
+    nodes = {'gpu01': {'indexes': [0, 1]}}
+    entries = [{'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'gpus': []},
+               {'vmid': 201, 'hostname': 'b', 'node': 'gpu01', 'gpus': [], 'state': 'absent'},
+               {'vmid': 202, 'hostname': 'c', 'node': 'gpu01', 'gpus': [], 'state': 'absent'}]
+    with pytest.raises(_fleet.FleetError) as e:
+        _fleet.Fleet(entries, nodes, remove_confirm=[201]).check()
+    assert len(e.value.problems) == 1
+    assert 'containers[2] (vmid 202).state: absent destroys CT 202' in str(e.value)
+    assert '-e gpufleet_remove_confirm=201,202' in str(e.value)
+    _fleet.Fleet(entries, nodes, remove_confirm=[201, 202]).check()
+    _fleet.Fleet(entries, nodes).check()  # a check run destroys nothing: no confirmation
+    specs = dict((s['vmid'], s) for s in _fleet.Fleet(entries, nodes, remove_confirm=[201, 202]).plan()['containers'])
+    assert (specs[201]['state'], specs[201]['force']) == ('absent', True) and 'force' not in specs[200]
