@@ -3,6 +3,7 @@
 import glob
 import os
 import re
+import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,5 +29,7 @@ def test_every_top_level_directory_has_a_row():
     text = readme()
     layout = text[text.index('| path | what |'):]
     named = set(re.findall(r'`([^`/]+)/', layout))
-    dirs = set(d for d in os.listdir(ROOT) if os.path.isdir(os.path.join(ROOT, d)) and not d.startswith('.'))
+    # the project's own directories (what git tracks), not what runs leave behind (reports, venvs)
+    tracked = subprocess.run(['git', 'ls-files'], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    dirs = set(path.split('/')[0] for path in tracked.splitlines() if '/' in path and not path.startswith('.'))
     assert dirs - named == set(), 'README.md\'s layout table misses these directories'
