@@ -37,6 +37,11 @@ def lab_command(args):
             raise LabError('which node? (gpufleet lab {0} NODE)'.format(args.action))
         done = None
         if args.action == 'up':
+            try:
+                import fakepve  # noqa: F401 - the lab's PVE API
+            except ImportError:
+                raise LabError("the lab's packages are not installed: pip install 'gpufleet[lab]' (a controller "
+                               "of a real cluster does not need them)")
             st = manager.up(say=say, nodes=args.nodes, gpus=args.gpus, drivers=args.drivers)
         elif args.action == 'down':
             manager.down(say=say)
