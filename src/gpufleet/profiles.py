@@ -69,6 +69,12 @@ def collection_venv():
     return _venv
 
 
+def collection_dir():
+    """The root of the gpufleet.proxmox collection in use (its roles and profiles)."""
+    module_utils = os.path.dirname(os.path.abspath(collection_venv().__file__))
+    return os.path.dirname(os.path.dirname(module_utils))
+
+
 def read_lock(path):
     """{canonical name: (version, [hashes])} of a lock, with the entries that are not pinned and hashed."""
     with open(path) as fh:

@@ -285,3 +285,21 @@ def test_a_node_reboot_takes_the_device_nodes_and_onboot_containers_fail_without
                                                              ('stopped', 'stopped')]
     with open(os.path.join(lab.proc_dir, 'devices')) as fh:
         assert '{0} nvidia-uvm'.format(done['uvm_major']) in fh.read()
+
+
+def test_the_wheelhouse_holds_exactly_the_cpu_profiles_lock_and_uv(lab):
+    """The containers build the CPU profile's lock offline from the node wheelhouse, so it holds the lock's pins (the
+    wheels' hashes checked at download), not the newest releases of torch's dependencies, and the pinned uv."""
+    from gpufleet.lab.host.base import lab_lock
+    from gpufleet.lab.layout import UV_PIN
+    from gpufleet.profiles import read_lock
+    pins, problems = read_lock(lab_lock())
+    assert problems == [] and 'torch' in pins
+    wheels = {}
+    for name in os.listdir(lab.wheelhouse):
+        if name.endswith('.whl'):
+            project, version = name.split('-')[:2]
+            wheels[project.lower().replace('_', '-')] = version
+    want = dict((key, version) for key, (version, _hashes) in pins.items())
+    want['uv'] = UV_PIN.split('==')[1]
+    assert wheels == want

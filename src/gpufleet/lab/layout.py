@@ -25,8 +25,6 @@ UNPRIV_RANGE = 65536
 GPU_COUNT = 8
 # The kernel module version the stand-in driver reports in /proc/driver/nvidia/version.
 DRIVER_VERSION = '580.95.05'
-# The torch build the lab's CPU profile pins; its wheel is seeded into the node wheelhouse.
-TORCH_PIN = 'torch==2.13.0+cpu'
 # uv, seeded into the wheelhouse so containers can install it offline.
 UV_PIN = 'uv==0.13.9'
 # A cluster of up to this many nodes (`gpufleet lab up --nodes N`): pve1, pve2, ... with sshd on 2201, 2202, ...

@@ -2,10 +2,11 @@
 containers are made from, and the local wheelhouse."""
 
 import glob
+import hashlib
 import os
 import shutil
 import sys
-from ..layout import TORCH_PIN, UNPRIV_BASE, UNPRIV_RANGE, UV_PIN
+from ..layout import UNPRIV_BASE, UNPRIV_RANGE, UV_PIN
 
 from ._util import _read, sh
 
@@ -133,25 +134,41 @@ def shift_ids(root, offset):
 
 
 # -- the node wheelhouse ----------------------------------------------------------------
+def lab_lock():
+    """The lock of the collection's CPU profile, which the lab's containers build their venvs from: the wheelhouse
+    holds exactly its pins (not whatever the index serves as their newest dependencies)."""
+    from ...profiles import collection_dir
+    return os.path.join(collection_dir(), 'roles', 'torch_venv', 'files', 'profiles', 'cpu', 'requirements.lock')
+
+
 def ensure_wheelhouse(lab, say):
-    """The torch build the lab pins, its dependencies and uv, for cp311 on x86_64: downloaded once into
-    the cache (the machine's local torch file where pip serves one, else the PyTorch CPU index), then
-    linked into the node wheelhouse that containers bind-mount."""
+    """The wheels of the CPU profile's lock (hash-checked) and uv, for cp311 on x86_64: downloaded once into the
+    cache (from the indexes pip is configured with where they serve them, else torch from the PyTorch CPU index),
+    then linked into the node wheelhouse that containers bind-mount. A lock that changed replaces the wheels."""
     cache = lab.wheel_cache
     os.makedirs(cache, exist_ok=True)
     stamp = os.path.join(cache, 'stamp')
-    want = '{0} {1}'.format(TORCH_PIN, UV_PIN)
+    lock = lab_lock()
+    with open(lock, 'rb') as fh:
+        want = '{0} {1}'.format(hashlib.sha256(fh.read()).hexdigest(), UV_PIN)
     if _read(stamp) != want:
-        say('seeding the node wheelhouse with {0} and {1}'.format(TORCH_PIN, UV_PIN))
+        say('seeding the node wheelhouse with the CPU profile\'s lock and {0}'.format(UV_PIN))
+        stale = set(glob.glob(os.path.join(cache, '*.whl')))
+        for path in stale:
+            os.unlink(path)
         target = ['--only-binary=:all:', '--python-version', '3.11', '--implementation', 'cp', '--abi', 'cp311',
                   '--platform', 'manylinux_2_28_x86_64', '--platform', 'manylinux_2_17_x86_64',
-                  '--platform', 'manylinux2014_x86_64', '--platform', 'linux_x86_64', '-d', cache]
+                  '--platform', 'manylinux2014_x86_64', '--platform', 'linux_x86_64', '-d', cache, '--no-deps']
         pip = [sys.executable, '-m', 'pip', 'download', '--disable-pip-version-check', '-q']
-        got = sh(pip + target + ['--no-deps', TORCH_PIN], check=False)
+        got = sh(pip + target + ['--require-hashes', '-r', lock], check=False)
         if got.returncode != 0:
-            say('torch is not served locally; taking it from the PyTorch CPU index')
-            sh(pip + target + ['--no-deps', '--index-url', PYTORCH_CPU_INDEX, TORCH_PIN])
-        sh(pip + target + ['--find-links', cache, TORCH_PIN, UV_PIN])
+            say('the lock\'s torch is not served locally; taking it from the PyTorch CPU index')
+            sh(pip + target + ['--require-hashes', '--extra-index-url', PYTORCH_CPU_INDEX, '-r', lock])
+        sh(pip + target + [UV_PIN])
+        for path in glob.glob(os.path.join(lab.wheelhouse, '*.whl')):
+            if path.replace(lab.wheelhouse, cache, 1) in stale and not os.path.exists(
+                    os.path.join(cache, os.path.basename(path))):
+                os.unlink(path)  # a wheel of the old lock
         with open(stamp, 'w') as fh:
             fh.write(want)
     os.makedirs(lab.wheelhouse, exist_ok=True)
