@@ -4,6 +4,11 @@
 """Drift in words: what each stage of a site run found different from the fleet definition (in check mode:
 what a repair run would change), as items {stage, item, detail} per node and per container."""
 
+import re
+
+# A container's mount points and devices (mpN, devN): the fleet's, all of them.
+HAND_MADE = re.compile(r'^(mp|dev)[0-9]+$')
+
 
 def _item(stage, item, detail, **extra):
     out = {'stage': stage, 'item': item, 'detail': detail}
@@ -38,6 +43,11 @@ def containers(reconcile, fleet):
                     detail = 'node: expected {0}, found {1}'.format(after.get(key), before.get(key))
                     if res.get('move_refused'):
                         detail += ' (PVE cannot move it back: {0})'.format(res['move_refused'])
+                elif HAND_MADE.match(key) and after.get(key) is None and before.get(key) is not None:
+                    # the fleet owns a container's mount points and devices: one it does not declare is removed
+                    kind = 'mounts' if key.startswith('mp') else 'devices'
+                    detail = ('{0} ({1}) is not in the fleet definition: a repair removes it; declare it in the '
+                              'entry\'s {2} to keep it'.format(key, before[key], kind))
                 else:
                     detail = 'config {0} differs'.format(key)
                 items.append(_item('container', key, detail, before=before.get(key), after=after.get(key)))

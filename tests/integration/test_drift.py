@@ -70,6 +70,9 @@ def test_check_reports_every_injected_item_and_changes_nothing_then_a_run_repair
     pve.ct(A).config.put(cores=2)  # the fleet says 1
     pve.ct(B).config.put(delete='dev0')
     pve.stop(B)
+    # mount points made by hand: mp1 the fleet does not declare, mp2 its entry declares from now on (kept)
+    pve.ct(B).config.put(mp1='/tmp,mp=/mnt/hand', mp2='/tmp,mp=/mnt/kept')
+    fleet['fleet'][1]['mounts'] = {'mp2': '/tmp,mp=/mnt/kept'}
     control.clear_requests()
 
     check = drift(tmp_path, fleet['fleet'], '--check', '--diff')
@@ -91,6 +94,10 @@ def test_check_reports_every_injected_item_and_changes_nothing_then_a_run_repair
     assert (cores['before'], cores['after']) == (2, 1)
     b = [(i['stage'], i['item']) for i in report['containers']['drift-b']]
     assert ('container', 'dev0') in b and ('container', 'power') in b
+    (hand,) = [i for i in report['containers']['drift-b'] if i['item'] == 'mp1']
+    assert hand['detail'] == ("mp1 (/tmp,mp=/mnt/hand) is not in the fleet definition: a repair removes it; declare it "
+                              "in the entry's mounts to keep it")
+    assert ('container', 'mp2') not in b
     per_host = json.loads((tmp_path / 'reports' / 'drift' / 'drift-b.json').read_text())
     assert per_host['drift'] is True and per_host['kind'] == 'container'
 
@@ -98,7 +105,8 @@ def test_check_reports_every_injected_item_and_changes_nothing_then_a_run_repair
     assert fix.rc == 0, fix.stdout[-4000:]
     assert flavour() == 'cu13'
     assert pve.status(B) == 'running' and pve.ct(A).config.get()['cores'] == 1
-    assert 'dev0' in pve.ct(B).config.get()
+    config = pve.ct(B).config.get()
+    assert 'dev0' in config and 'mp1' not in config and config['mp2'] == '/tmp,mp=/mnt/kept'
     verified = json.loads((tmp_path / 'reports' / 'summary.json').read_text())
     assert verified['ok'] is True and {r['host'] for r in verified['containers']} == {'drift-a', 'drift-b'}
     assert 'reused' not in host_report(tmp_path, 'drift-a')['torch']  # a repaired venv is verified afresh

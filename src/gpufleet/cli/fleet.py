@@ -1,5 +1,5 @@
-"""`gpufleet up`, `gpufleet drift [--fix]` and `gpufleet verify`: the collection's playbooks run through
-ansible-runner, with live progress, a table per container at the end (or --json), and exit codes for cron:
+"""`gpufleet up`, `gpufleet drift [--fix]`, `gpufleet verify` and `gpufleet doctor`: the collection's playbooks run
+through ansible-runner, with live progress, a table per container at the end (or --json), and exit codes for cron:
 
     0  clean: the run succeeded and verified every container of the fleet definition (drift: and found none)
     1  error: a task failed (a repair, a verification), a container of the fleet is missing, stopped or was
@@ -22,7 +22,8 @@ from . import secrets, show
 
 CLEAN, ERROR, DRIFT, UNREACHABLE = 0, 1, 2, 4
 CONTAINERS_GROUP = 'gpufleet_containers'  # the gpu_container role's gpu_container_group
-PLAYBOOKS = {'up': 'gpufleet.proxmox.site', 'drift': 'gpufleet.proxmox.drift', 'verify': 'gpufleet.proxmox.verify'}
+PLAYBOOKS = {'up': 'gpufleet.proxmox.site', 'drift': 'gpufleet.proxmox.drift', 'verify': 'gpufleet.proxmox.verify',
+             'doctor': 'gpufleet.proxmox.doctor'}
 KEEP_RUNS = 20
 
 
@@ -127,6 +128,33 @@ def outcome(command, fix, runner_status, rc, stats, verified, drift):
             'nodes': nodes, 'containers': [containers[h] for h in sorted(containers)]}
 
 
+def doctor_outcome(runner_status, rc, stats, report):
+    """gpufleet doctor's result from its report (doctor.json of this run): ready (0) when every check is, else not
+    ready (1), the checks that are not and their fixes in the rows."""
+    hosts = host_stats(stats)
+    if not isinstance(report, dict) or 'rows' not in report:
+        code, verdict, rows = ERROR, 'error: the doctor wrote no verdict (ansible-playbook exited {0}, {1})'.format(
+            rc, runner_status), []
+    else:
+        rows = report['rows']
+        failing = [r for r in rows if not r['ok']]
+        if report.get('ready') and not failing:
+            code, verdict = CLEAN, 'ready: {0} check(s) passed; a first run (gpufleet up) can start'.format(len(rows))
+        else:
+            code = ERROR
+            verdict = 'not ready: {0} of {1} check(s) failed ({2})'.format(
+                len(failing), len(rows), ', '.join(sorted(set('{0} {1}'.format(r['where'], r['check']) for r in failing))))
+    return {'command': 'doctor', 'exit_code': code, 'verdict': verdict, 'status': runner_status, 'rc': rc,
+            'hosts': hosts, 'checks': rows, 'containers': [], 'nodes': {}, 'drift': False, 'drift_count': 0}
+
+
+def host_key_checking():
+    """Ansible's host_key_checking as this directory's ansible.cfg and the environment set it ('True' unless they
+    turn it off). ansible-runner turns it off for every run it starts unless told: the CLI tells it Ansible's own."""
+    from ansible.config.manager import ConfigManager
+    return str(bool(ConfigManager().get_config_value('HOST_KEY_CHECKING')))
+
+
 def node_limit(nodes, group=CONTAINERS_GROUP):
     """--node: the host pattern of those nodes and their containers (the gpu_container role puts a node's running
     containers in <group>_<node>, its name's other characters as _), which join the inventory during the run."""
@@ -162,11 +190,15 @@ def run(args):
         r = ansible_runner.run(
             private_data_dir=home, project_dir=os.getcwd(), ident=ident, playbook=PLAYBOOKS[args.command],
             cmdline=shlex.join(cmdline), limit=limit, forks=args.forks, verbosity=args.verbose or None,
-            envvars={'PATH': env['PATH'], 'GPUFLEET_REPORT_DIR': reports, 'GPUFLEET_RUN_ID': ident}, quiet=True,
+            envvars={'PATH': env['PATH'], 'GPUFLEET_REPORT_DIR': reports, 'GPUFLEET_RUN_ID': ident,
+                     'ANSIBLE_HOST_KEY_CHECKING': host_key_checking()}, quiet=True,
             event_handler=progress.event, rotate_artifacts=KEEP_RUNS, suppress_env_files=True)
-    result = outcome(args.command, fix, r.status, r.rc, r.stats,
-                     this_run(read_json(os.path.join(reports, 'summary.json')), ident),
-                     read_json(os.path.join(reports, 'drift', 'summary.json')))
+    if args.command == 'doctor':
+        result = doctor_outcome(r.status, r.rc, r.stats, read_json(os.path.join(reports, 'doctor.json')))
+    else:
+        result = outcome(args.command, fix, r.status, r.rc, r.stats,
+                         this_run(read_json(os.path.join(reports, 'summary.json')), ident),
+                         read_json(os.path.join(reports, 'drift', 'summary.json')))
     if r.stats is None:
         tail = scrubber.text(''.join(r.stdout.readlines()[-20:]))
         show.error('ansible-playbook did not run its plays:\n' + tail)
@@ -208,11 +240,16 @@ def add_parsers(sub):
                                           '(default $GPUFLEET_HOME or ~/.local/state/gpufleet)')))
     helps = {'up': 'provision: site.yml (nodes, containers, drivers, venvs, verification)',
              'drift': 'report drift (check mode); --fix repairs it and verifies',
-             'verify': 'verify every container (read only)'}
+             'verify': 'verify every container (read only)',
+             'doctor': 'before a first run: check SSH, pct, the API logins, nodes, templates, storage, drivers and '
+                       'packages, and what a run would change; each failing check with its fix (changes nothing)'}
     codes = __doc__.split('\n\n')[1]
-    for name in ('up', 'drift', 'verify'):
+    for name in ('up', 'drift', 'verify', 'doctor'):
         # only drift runs write a drift report: up and verify never exit 2
         own = codes if name == 'drift' else '\n'.join(line for line in codes.split('\n') if not line.startswith('    2 '))
+        if name == 'doctor':
+            own = ('    0  ready: every check passed\n    1  not ready (a check failed; each says its fix), or the doctor '
+                   'could not run')
         p = sub.add_parser(name, help=helps[name], description=helps[name] + '.\n\nexit codes:\n' + own,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         scope = p.add_mutually_exclusive_group()  # --node is a --limit spelled by node

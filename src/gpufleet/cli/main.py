@@ -3,6 +3,8 @@
     gpufleet up            provision the fleet (site.yml)
     gpufleet drift [--fix] report the fleet's drift (check mode), or repair it and verify
     gpufleet verify        verify every container (read only)
+    gpufleet doctor        before a first run: what the fleet needs that is missing, each with its fix
+                           (changes nothing; exit 0 ready, 1 not ready)
                            each with -i, --limit or --node NODE (a node and its containers), --forks, -e,
                            --vault-password-file, --json, -v;
                            exit codes: 0 clean, 1 error, 4 hosts unreachable, and for drift 2 drift found

@@ -99,10 +99,32 @@ def _ok(row):
     return 'yes' if row['ok'] else ('no ({0})'.format(state) if state not in (None, 'failed') else 'no')
 
 
+def render_checks(rows, console):
+    """The doctor's checks: a table on a terminal, a line each elsewhere (the fix under a failing one)."""
+    if console.is_terminal:
+        table = Table(title='checks', title_justify='left')
+        for col in ('where', 'check', 'ok', 'detail / fix'):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r['where'], r['check'], 'yes' if r['ok'] else '[red]NO[/red]',
+                          r['detail'] + ('\n[bold]fix:[/bold] ' + r['fix'] if r['fix'] else ''))
+        console.print(table)
+        return
+    for r in rows:
+        console.print('{0} {1} {2}: {3}'.format('ok ' if r['ok'] else 'NOT', r['where'], r['check'], r['detail']),
+                      markup=False, soft_wrap=True)
+        if r['fix']:
+            console.print('    fix: ' + r['fix'], markup=False, soft_wrap=True)
+
+
 def render(result, console=None):
     """The end of a run on stdout: a table per container on a terminal, one line per container and per drift
-    item elsewhere (logs, cron mail), then unreachable or failed hosts and the verdict."""
+    item elsewhere (logs, cron mail), then unreachable or failed hosts and the verdict; the doctor's checks."""
     console = console or Console(highlight=False)
+    if 'checks' in result:
+        render_checks(result['checks'], console)
+        console.print(result['verdict'], markup=False)
+        return
     rows = result['containers']
     if rows and console.is_terminal:
         table = Table(title='containers', title_justify='left')

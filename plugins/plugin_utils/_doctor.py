@@ -1,0 +1,166 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The doctor's verdicts: what a first run needs, from what the doctor playbook read on each node and through the
+API, as rows {where, check, ok, detail, fix}. Pure: the reading is the action's (fleet_doctor) and the nodes'
+tasks'. A row that is not ok stops a first run; its fix says what to do."""
+
+import re
+
+GIB = 1024 ** 3
+
+# What discovery finds that a site run makes or mends by itself (gpu_node): not a reason to wait.
+MADE_BY_THE_RUN = ('nvidiactl_missing', 'gpu_nodes_missing', 'uvm_node_missing', 'uvm_node_stale', 'share_missing',
+                   'share_owner', 'share_mode')
+
+
+def row(where, check, ok, detail, fix=''):
+    return {'where': where, 'check': check, 'ok': bool(ok), 'detail': detail, 'fix': '' if ok else fix}
+
+
+def ssh_row(node, reach, address):
+    """Whether the node answered over SSH (reach: the registered result of the doctor's first task on it)."""
+    if not reach.get('unreachable'):
+        return row(node, 'ssh', True, 'logged in as {0}'.format(address))
+    msg = (reach.get('msg') or '').strip()
+    if 'Host key verification failed' in msg or 'REMOTE HOST IDENTIFICATION HAS CHANGED' in msg:
+        fix = ("add the node's host key to the controller's known_hosts, after checking its fingerprint on the node "
+               "(ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub): ssh-keyscan -p {port} {host} >> ~/.ssh/known_hosts")
+    elif 'Permission denied' in msg:
+        fix = "install the controller's public key for the node's user: ssh-copy-id -p {port} {user}@{host}"
+    else:
+        fix = ('check the address (ansible_host, ansible_port) and that sshd runs on the node: '
+               'ssh -p {port} {user}@{host} true')
+    return row(node, 'ssh', False, 'not reached: ' + short(msg), fix.format(**address_parts(address)))
+
+
+def address_parts(address):
+    m = re.match(r'^(?:(?P<user>[^@]+)@)?(?P<host>[^:]+)(?::(?P<port>\d+))?$', address or '')
+    parts = m.groupdict() if m else {}
+    return {'user': parts.get('user') or 'root', 'host': parts.get('host') or address, 'port': parts.get('port') or 22}
+
+
+def short(text, limit=300):
+    text = ' '.join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + '...'
+
+
+def pct_row(node, found):
+    if found:
+        return row(node, 'pct', True, found)
+    return row(node, 'pct', False, 'pct is not on the PATH of the node\'s login',
+               'log in as root on a PVE node (pct is pve-container\'s); a non-root user needs sudo rights for pct')
+
+
+def driver_rows(node, devices, gpus_asked):
+    """The node's NVIDIA side (devices: gpu_devices' result) against what the fleet asks of it (gpus_asked: how many
+    containers ask it for GPUs)."""
+    if not gpus_asked:
+        return [row(node, 'gpus', True, 'no container of the fleet asks this node for a GPU' + (
+            ' (driver {0} loaded)'.format(devices['driver_version']) if devices.get('driver_version') else ''))]
+    version = devices.get('driver_version')
+    if not version:
+        return [row(node, 'driver', False, 'no NVIDIA kernel module is loaded, and {0} container(s) of the fleet ask '
+                    'this node for GPUs'.format(gpus_asked),
+                    'install the NVIDIA driver on the node and load it (modprobe nvidia), or move those containers '
+                    'to a GPU node')]
+    out = [row(node, 'driver', True, 'NVIDIA {0}, {1} GPU(s)'.format(version, len(devices.get('gpus') or [])))]
+    findings = devices.get('findings') or []
+    made = [f for f in findings if f.get('code') in MADE_BY_THE_RUN or f.get('fix') == 'gather it again (driver_bundle)']
+    blocking = [f for f in findings if f not in made and f.get('code') != 'driver_not_loaded']
+    if made:
+        out.append(row(node, 'devices', True, 'the first run makes: ' + '; '.join(f.get('msg', f['code']) for f in made)))
+    for f in blocking:
+        out.append(row(node, f['code'], False, f.get('msg', f['code']), f.get('fix', '')))
+    if not made and not blocking:
+        out.append(row(node, 'devices', True, 'device nodes and driver bundle as the containers need them'))
+    return out
+
+
+def wheelhouse_row(node, offline, wheels, where, index=None, index_error=None):
+    """The containers' packages: in offline mode the node's wheelhouse (wheels: how many *.whl files at where);
+    else the index, as the node reaches it (index_error: why not)."""
+    if offline:
+        if wheels:
+            return row(node, 'wheelhouse', True, '{0} wheel(s) in {1}'.format(wheels, where))
+        return row(node, 'wheelhouse', False, 'offline mode, and {0} holds no wheels'.format(where),
+                   "put the profile's wheels there (docs/venv.md, the air-gapped download), or set "
+                   'torch_venv_offline: false where the containers reach an index')
+    if index_error is None:
+        return row(node, 'index', True, '{0} answers'.format(index))
+    return row(node, 'index', False, '{0} does not answer from the node: {1}'.format(index, short(index_error)),
+               "give the containers a way out (a proxy in torch_venv_environment) or go offline with a wheelhouse "
+               '(torch_venv_offline: true, docs/venv.md)')
+
+
+def rootfs_gib(value, storage):
+    """(storage, GiB) of a rootfs value of the plan ('local-lvm:32' or 'local-lvm:32,mountoptions=...')."""
+    volume = str(value).split(',', maxsplit=1)[0]
+    sid, _sep, size = volume.partition(':')
+    try:
+        return sid or storage, float(size)
+    except ValueError:
+        return sid or storage, 0.0
+
+
+def storage_rows(node, wanted, status):
+    """Room for the root disks of the containers a first run creates on node. wanted: {storage: GiB}, status:
+    {storage: the API's storage status, or an error string}."""
+    out = []
+    for sid in sorted(wanted):
+        got = status.get(sid)
+        if isinstance(got, str) or not got:
+            out.append(row(node, 'storage', False, '{0}: {1}'.format(sid, got or 'not on this node'),
+                           'add the storage to the node (Datacenter > Storage, nodes) or set gpufleet_storage to one it '
+                           'has (pvesm status on the node lists them)'))
+            continue
+        if not got.get('active', 1) or not got.get('enabled', 1):
+            out.append(row(node, 'storage', False, '{0} is not active on the node'.format(sid),
+                           'enable and activate it (pvesm set {0} --disable 0; pvesm status)'.format(sid)))
+            continue
+        avail = float(got.get('avail') or 0) / GIB
+        if avail < wanted[sid]:
+            out.append(row(node, 'storage', False, '{0} has {1:.1f} GiB free; the new containers\' root disks need '
+                           '{2:.0f} GiB'.format(sid, avail, wanted[sid]),
+                           'free space on {0}, give smaller rootfs sizes, or another storage (gpufleet_storage)'.format(
+                               sid)))
+        else:
+            out.append(row(node, 'storage', True, '{0}: {1:.1f} GiB free for {2:.0f} GiB of new root disks'.format(
+                sid, avail, wanted[sid])))
+    return out
+
+
+def template_row(node, volid, have, error=None):
+    if error is not None:
+        return row(node, 'template', False, '{0}: {1}'.format(volid, short(error)),
+                   'check the template storage on the node: pveam list {0}'.format(volid.split(':')[0]))
+    if volid in have:
+        return row(node, 'template', True, volid)
+    return row(node, 'template', False, '{0} is not on the node'.format(volid),
+               'pveam update && pveam download {0} {1}'.format(volid.split(':')[0], volid.split('/')[-1]))
+
+
+def changes_row(result):
+    """What the fleet's check run would do (lxc_container's containers and orphans, in check mode), as one row."""
+    counts = {}
+
+    def count(what):
+        counts[what] = counts.get(what, 0) + 1
+    for c in result.get('containers') or []:
+        if c.get('created'):
+            count('create')
+        elif c.get('status') == 'absent' and c.get('changed'):
+            count('destroy')
+        elif c.get('changed_keys'):
+            count('change')
+        if c.get('power'):
+            count(c['power'])
+    said = ', '.join('{0} {1}'.format(what, n) for what, n in sorted(counts.items())) or 'nothing to change'
+    orphans = result.get('orphans') or []
+    if orphans:
+        said += '; {0} orphan(s) left alone ({1})'.format(len(orphans), ', '.join(str(o['vmid']) for o in orphans))
+    return row('fleet', 'plan', True, 'a run would ' + said)
+
+
+def ready(rows):
+    return all(r['ok'] for r in rows)
