@@ -38,7 +38,10 @@ def login_rows(api):
             client.nodes()  # a token is not checked until it is used
         except _pve.PveError as e:
             why = e.result().get('msg') or str(e)
-            if token:
+            if 'CA certificate' in why or 'CERTIFICATE_VERIFY_FAILED' in why or 'certificate verify failed' in why:
+                fix = ("give the cluster's CA: copy /etc/pve/pve-root-ca.pem from a node and point gpufleet_api_ca_path "
+                       'at it (certificate checks stay on)')
+            elif token:
                 fix = ('check the token (pveum user token list {0}); a token with privilege separation needs its own '
                        'ACL: pveum acl modify / --tokens \'{0}!{1}\' --roles PVEAuditor'.format(
                            params.get('api_user'), params.get('api_token_id')))

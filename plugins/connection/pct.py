@@ -106,6 +106,7 @@ EXAMPLES = r'''
 #   ansible_pct_node: gpu01.example.com
 '''
 
+import hashlib
 import os
 import random
 import shlex
@@ -171,12 +172,18 @@ class Connection(ConnectionBase):
         argv = [self.get_option('ssh_executable'), '-o', 'BatchMode=yes',
                 '-o', 'ConnectTimeout={0}'.format(self.get_option('timeout')),
                 '-o', 'ControlMaster=auto', '-o', 'ControlPersist={0}'.format(self.get_option('control_persist')),
-                '-o', 'ControlPath={0}'.format(os.path.join(cp_dir, '%C')),
+                '-o', 'ControlPath={0}'.format(os.path.join(cp_dir, self._control_name(node))),
                 '-p', str(self.get_option('node_port')), '-l', self.get_option('node_user')]
         if self.get_option('private_key_file'):
             argv += ['-i', os.path.expanduser(self.get_option('private_key_file'))]
         argv += shlex.split(self.get_option('ssh_args') or '')
         return argv + [node]
+
+    def _control_name(self, node):
+        """The socket's name for one login on one node: short, since a socket path has at most 107 bytes (ssh's %C
+        alone is 40 characters, too many under a deep control_path_dir)."""
+        login = '{0}@{1}:{2}'.format(self.get_option('node_user'), node, self.get_option('node_port'))
+        return 'pct-' + hashlib.sha1(login.encode('utf-8')).hexdigest()[:12]
 
     def _argv(self, container_argv):
         """The local argv that runs container_argv in the container."""

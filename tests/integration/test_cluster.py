@@ -6,9 +6,14 @@ shows it. The collection: site.yml and drift.yml over a fleet across the three n
 
 import json
 import os
+import pathlib
+import shutil
 import subprocess
+import sys
+import tempfile
 
 import pytest
+import yaml
 from gpufleet.lab import manager
 from proxmoxer.core import ResourceException
 
@@ -395,3 +400,91 @@ def test_the_cli_limited_to_a_node_verifies_that_nodes_containers(cluster, tmp_p
     assert done.returncode == 0 and result['exit_code'] == 0, result.get('verdict')
     assert result['verdict'] == 'clean: verified 1 of 1 container(s)'
     assert sorted(result['hosts']) == ['pve2', 'train-c2']
+
+
+def doc_block(section, lang, having=''):
+    """The first ```lang block (holding having) of docs/operators.md under the heading that starts with section."""
+    with open(os.path.join(ROOT, 'docs', 'operators.md')) as fh:
+        text = fh.read()
+    part = text[text.index('\n## ' + section):]
+    while True:
+        start = part.index('```' + lang + '\n') + len(lang) + 4
+        block, part = part[start:part.index('```', start)], part[part.index('```', start) + 3:]
+        if having in block:
+            return block
+
+
+def test_the_operators_walkthrough_from_the_copied_example_to_a_clean_drift_from_cron(cluster, creds, tmp_path):
+    """docs/operators.md followed on the lab, shaped as the example is (an 8-GPU node, pve1, for gpu01 and a CPU node,
+    pve3, for util01): the example copied and its vault made with the guide's own commands, its files filled in
+    for the lab as an operator fills them for a cluster, then the guide's gpufleet doctor and gpufleet up, and its
+    cron line run as cron runs it (PATH=/usr/bin:/bin), which finds the fleet clean."""
+    # a new cluster: the module's other containers (the fleet's tag on them: orphans of this fleet) gone first
+    cluster['pve'].cleanup()
+    cluster['pve'].made.clear()
+    # a home as short as an operator's: ssh's control sockets live under it and a socket path has at most 107 bytes
+    home, mine = pathlib.Path(tempfile.mkdtemp(prefix='gf-home-')), tmp_path / 'mycluster'
+    bin_dir = os.path.dirname(sys.executable)
+
+    def local(text):
+        # the guide's paths, here: the inventory in tmp beside the lab's inventory (which reaches the lab's nodes)
+        return (text.replace('inventories/mycluster', str(mine)).replace('/root/.gpufleet-vault', '~/.gpufleet-vault')
+                .replace('/usr/local/bin/gpufleet', os.path.join(bin_dir, 'gpufleet'))
+                .replace('cd /srv/gpufleet', 'cd ' + ROOT).replace('/var/log/gpufleet', str(tmp_path / 'log')))
+
+    env = dict(os.environ, HOME=str(home), PATH=bin_dir + ':' + os.environ['PATH'],
+               EDITOR="sh -c 'cat {0} > \"$0\"'".format(tmp_path / 'secrets.yml'))
+    (tmp_path / 'secrets.yml').write_text(
+        'vault_gpufleet_api_password: {0}\nvault_gpufleet_api_token_secret: {1}\n'.format(
+            creds['api_password'], creds['api_token_secret']))
+    # section 2: copy the example, make the vault password file and the vault (the editor step is ours: below)
+    lines = [line for line in local(doc_block('2. An inventory', 'sh')).splitlines()
+             if line.strip() and not line.lstrip().startswith('#')]
+    edit = [i for i, line in enumerate(lines) if line.startswith('$EDITOR')][0]
+    lines = lines[:edit] + lines[edit + 2:]  # $EDITOR and its continuation line
+    (tmp_path / 'section2.sh').write_text('\n'.join(lines) + '\n')
+    # on a terminal, as an operator types them (ansible-vault create opens an editor only on one)
+    done = subprocess.run(['script', '-qec', 'bash -e ' + str(tmp_path / 'section2.sh'), '/dev/null'], cwd=ROOT, env=env,
+                          input='lab-vault-pw\n', capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (home / '.gpufleet-vault').read_text() == 'lab-vault-pw\n' and (home / '.gpufleet-vault').stat().st_mode & 0o077 == 0
+    assert (mine / 'group_vars' / 'all' / 'vault.yml').read_text().startswith('$ANSIBLE_VAULT;')
+    # what an operator fills in: the nodes (the lab inventory, given first, says how to reach them), the API and its
+    # CA, the fleet's nodes, addresses and sizes for this machine, the lab's offline CPU profile
+    (mine / 'hosts.yml').write_text(yaml.safe_dump({'all': {'children': {'pve_nodes': {
+        'hosts': {'pve1': None, 'pve3': None}, 'vars': {'ansible_user': 'root'}}}}}))
+    api = (mine / 'group_vars' / 'all' / 'api.yml').read_text()
+    # (the CA by its path: with the lab's inventory given first, inventory_dir is the lab's)
+    (mine / 'group_vars' / 'all' / 'api.yml').write_text(api.replace('10.1.2.6', creds['api_host']).replace(
+        'gpufleet_api_token_id: gpufleet', 'gpufleet_api_token_id: ' + creds['api_token_id']).replace(
+        '{{ inventory_dir }}/pve-root-ca.pem', str(mine / 'pve-root-ca.pem')))
+    shutil.copy(creds['ca_path'], mine / 'pve-root-ca.pem')
+    fleet_file = mine / 'group_vars' / 'all' / 'fleet.yml'
+    fleet = yaml.safe_load(fleet_file.read_text())
+    for n, entry in enumerate(fleet['gpufleet_containers']):
+        entry.update(node={'gpu01': 'pve1', 'util01': 'pve3'}[entry['node']], cores=1, memory=2048, rootfs=8,
+                     net='name=eth0,bridge=vmbr0,ip=10.77.0.{0}/24,gw=10.77.0.1'.format(180 + n))
+        cluster['pve'].made.append(entry['vmid'])
+    fleet.update(gpufleet_storage='local-lvm', torch_venv_profile='cpu', torch_venv_offline=True)
+    fleet_file.write_text(yaml.safe_dump(fleet))
+    # section 3: the doctor, then the first run
+    guide = doc_block('3. The gpufleet command', 'sh', having='gpufleet doctor')
+    for command in ('gpufleet doctor', 'gpufleet up '):
+        (line,) = [local(x).split('#')[0] for x in guide.splitlines() if x.startswith(command)]
+        argv = line.replace('-i ' + str(mine), '-i inventories/lab -i ' + str(mine)).split()
+        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, (command, done.stdout, done.stderr[-3000:])
+        if command == 'gpufleet doctor':
+            assert done.stdout.strip().endswith('a first run (gpufleet up) can start')
+        else:
+            assert 'clean: verified 3 of 3 container(s)' in done.stdout
+    # section 4: the cron line, as cron runs it
+    (cron,) = [x for x in doc_block('4. Drift checks', 'cron').splitlines() if x.strip()]
+    command = local(cron.split(None, 5)[5]).replace('-i ' + str(mine), '-i inventories/lab -i ' + str(mine))
+    (tmp_path / 'log').mkdir()
+    done = subprocess.run(['/bin/sh', '-c', command], env={'PATH': '/usr/bin:/bin', 'HOME': str(home)},
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / 'log' / 'drift.json').read_text())
+    assert (report['exit_code'], report['verdict']) == (0, 'clean: verified 3 of 3 container(s), no drift')
+    shutil.rmtree(home)
