@@ -38,16 +38,7 @@ def login_rows(api):
             client.nodes()  # a token is not checked until it is used
         except _pve.PveError as e:
             why = e.result().get('msg') or str(e)
-            if 'CA certificate' in why or 'CERTIFICATE_VERIFY_FAILED' in why or 'certificate verify failed' in why:
-                fix = ("give the cluster's CA: copy /etc/pve/pve-root-ca.pem from a node and point gpufleet_api_ca_path "
-                       'at it (certificate checks stay on)')
-            elif token:
-                fix = ('check the token (pveum user token list {0}); a token with privilege separation needs its own '
-                       'ACL: pveum acl modify / --tokens \'{0}!{1}\' --roles PVEAuditor'.format(
-                           params.get('api_user'), params.get('api_token_id')))
-            else:
-                fix = ('check gpufleet_api_user and gpufleet_api_password (a PAM user is user@pam); '
-                       'devN passthrough needs root@pam with its password')
+            fix = _doctor.login_fix(why, params.get('api_user'), params.get('api_token_id') if token else None)
             rows.append(_doctor.row('api', check, False, _doctor.short(why), fix))
             continue
         if token:
@@ -68,7 +59,9 @@ class ActionModule(ControllerAction):
 
     def act(self, args, task_vars):
         hostvars = task_vars.get('hostvars') or {}
-        nodes = list((task_vars.get('groups') or {}).get(args['nodes_group']) or [])
+        # the nodes of this run (a --limit leaves the others out: they are not checked, nor counted as unreached)
+        play = set(task_vars.get('ansible_play_hosts_all') or [])
+        nodes = [n for n in (task_vars.get('groups') or {}).get(args['nodes_group']) or [] if not play or n in play]
         rows, client = login_rows(given(args['api']))
         cluster = None
         if client is not None:

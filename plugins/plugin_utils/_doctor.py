@@ -45,6 +45,18 @@ def short(text, limit=300):
     return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
+def login_fix(why, user, token_id=None):
+    """What to do about a login PVE refused (why: the error), for the password or, with token_id, the token."""
+    if 'CA certificate' in why or 'CERTIFICATE_VERIFY_FAILED' in why or 'certificate verify failed' in why:
+        return ("give the cluster's CA: copy /etc/pve/pve-root-ca.pem from a node and point gpufleet_api_ca_path at "
+                'it (certificate checks stay on)')
+    if token_id:
+        return ('check the token (pveum user token list {0}); a token with privilege separation needs its own ACL: '
+                "pveum acl modify / --tokens '{0}!{1}' --roles PVEAuditor".format(user, token_id))
+    return ('check gpufleet_api_user and gpufleet_api_password (a PAM user is user@pam); devN passthrough needs '
+            'root@pam with its password')
+
+
 def pct_row(node, found):
     if found:
         return row(node, 'pct', True, found)

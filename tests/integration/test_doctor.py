@@ -17,7 +17,7 @@ BIN = os.path.dirname(sys.executable)
 VMID = 371
 
 
-def doctor(tmp_path, fleet, *extra, inventories=()):
+def doctor(tmp_path, fleet, *extra, inventories=(), args=()):
     fleet_file = tmp_path / 'fleet.json'
     fleet_file.write_text(json.dumps({'gpufleet_containers': fleet}))
     argv = [os.path.join(BIN, 'gpufleet'), 'doctor', '-i', 'inventories/lab', '-e', '@' + str(fleet_file),
@@ -26,6 +26,7 @@ def doctor(tmp_path, fleet, *extra, inventories=()):
         argv[4:4] = ['-i', str(inv)]
     for e in extra:
         argv += ['-e', e]
+    argv += list(args)
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.stdout.strip().startswith('{'), (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
     out = json.loads(done.stdout)
@@ -114,3 +115,13 @@ def test_a_fleet_definition_with_a_problem_is_named(tmp_path):
     out = doctor(tmp_path, [entry(VMID, 'doc-a', [0], cores=0)])
     assert out['exit_code'] == 1 and failing(out) == [('fleet', 'definition')]
     assert 'cores' in rows(out)[('fleet', 'definition')]['detail']
+
+
+def test_a_run_limited_to_some_nodes_checks_only_those(tmp_path):
+    """--limit: the nodes left out are not checked (nor named unreached); the fleet is still checked as a whole."""
+    extra = tmp_path / 'more.yml'
+    extra.write_text(json.dumps({'all': {'children': {'pve_nodes': {'hosts': {'pve9': {'ansible_host': '127.0.0.1',
+                                                                                        'ansible_port': 2299}}}}}}))
+    out = doctor(tmp_path, [entry(VMID, 'doc-a', [0])], inventories=[extra], args=['--limit', 'pve1'])
+    assert (out['exit_code'], failing(out)) == (0, []), out['checks']
+    assert not [r for r in out['checks'] if r['where'] == 'pve9']

@@ -68,3 +68,11 @@ def test_the_cli_exit_code_follows_the_doctors_report():
     out = fleet.doctor_outcome('failed', 2, {}, {'ready': False, 'rows': [ok, bad]})
     assert out['exit_code'] == 1 and out['verdict'] == 'not ready: 1 of 2 check(s) failed (pve1 template)'
     assert fleet.doctor_outcome('failed', 2, None, None)['verdict'].startswith('error: the doctor wrote no verdict')
+
+
+def test_a_refused_login_gets_the_fix_for_why_it_was_refused():
+    ca = 'cannot log in ...: Could not find a suitable TLS CA certificate bundle, invalid path: /x/pve-root-ca.pem'
+    assert 'gpufleet_api_ca_path' in _doctor.login_fix(ca, 'root@pam')
+    assert 'gpufleet_api_ca_path' in _doctor.login_fix(ca, 'root@pam', 'gpufleet')
+    assert "pveum acl modify / --tokens 'root@pam!gpufleet'" in _doctor.login_fix('GET /nodes: 401', 'root@pam', 'gpufleet')
+    assert 'gpufleet_api_password' in _doctor.login_fix("Couldn't authenticate user: root@pam ... code: 401", 'root@pam')
