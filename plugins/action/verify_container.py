@@ -40,7 +40,8 @@ class ActionModule(ActionBase):
             if not now['audited']:
                 audit = self._module('gpufleet.proxmox.venv_audit', {
                     'venv': args['venv'], 'lock': now['meta'].get('lock'),
-                    'overrides': now['meta'].get('overrides') or [], 'mode': args['audit_mode']}, task_vars)
+                    'overrides': now['meta'].get('overrides') or [], 'mode': args['audit_mode'],
+                    'imports': now['meta'].get('imports') or ['torch']}, task_vars)
             expect = now['expect']
             probe = self._module('gpufleet.proxmox.torch_verify', dict(
                 venv=args['venv'], require_cuda=now['cuda'], smoke=args['smoke'],

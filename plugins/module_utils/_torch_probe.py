@@ -238,9 +238,13 @@ def verify(venv, params, dev_dir='/dev'):
         failures.append({'check': 'import', 'expected': 'import torch works', 'actual': probe['import_error']})
     if problem or 'import_error' in (probe or {}):
         try:
-            audit = _venv.audit(venv)
+            audit = _venv.audit(venv, imports=('torch',))
             result['unresolved_libraries'] = audit['findings']['unresolved_libraries']
             result['broken_distributions'] = audit['findings']['broken_distributions']
+            result['missing_requirements'] = audit['findings']['missing_requirements']
+            for m in result['missing_requirements']:
+                failures.append({'check': 'requirement', 'expected': m['requirement'] + ' installed',
+                                 'actual': 'not installed (required by {0})'.format(', '.join(m['required_by']))})
             for u in result['unresolved_libraries']:
                 failures.append({'check': 'library', 'expected': u['soname'] + ' resolves',
                                  'actual': 'not found (needed by {0}; provided by {1})'.format(

@@ -97,14 +97,27 @@ def shared_objects(top):
     return found
 
 
-def closure(site, resolver, providers):
+def closure(site, resolver, providers, owner=None, requires=None, essential=None):
     """The venv's shared objects resolved as the loader would: (unresolved, optional), each a list of
-    {soname, needed_by, provided_by}. A soname that a distribution provides (it is the venv's to have), or that an
-    object needs which Python loads when it imports an extension module (the DT_NEEDED closure of every extension
-    module), is unresolved: a finding. The rest are optional: system libraries that only objects loaded on demand
-    need (plugins a library opens with dlopen, such as NCCL's and NVSHMEM's network transports or cuFile's RDMA
-    support, which need their fabric's libraries only where that fabric is used). A library that Python code opens
-    itself (ctypes) counts as one loaded on demand."""
+    {soname, needed_by, provided_by}.
+
+    providers: {soname: {distribution name: [paths of that name it installs]}}; owner: {real path of a shared
+    object: its distribution's name}; requires: {distribution name: the names of every distribution it requires,
+    transitively}; essential: the names of the distributions whose import must work (those of the venv's imports and
+    what they require), None for every distribution.
+
+    A soname that an object's distribution requires and whose file that requirement has installed is not missing:
+    the distribution's Python imports its requirement first, and the loader takes a library already loaded by its
+    soname (torchvision's and torchaudio's extensions need torch's libc10.so and have no path to it). Of the rest, a
+    soname that a distribution of the venv lists but whose file is gone is unresolved (the venv's own library is
+    lost), and so is one that an essential extension module needs (the DT_NEEDED closure of the extension modules
+    of the essential distributions, which Python loads when it imports them). The rest are optional: system
+    libraries that only objects loaded on demand need (plugins a library opens with dlopen, such as NCCL's and
+    NVSHMEM's network transports or cuFile's RDMA support, which need their fabric's libraries only where that
+    fabric is used), or that only another distribution's optional backends need (cupy's cuTENSOR, numba's TBB
+    pool, mpi4py's MPICH variant: each package imports them on demand and does without). A library that Python code
+    opens itself (ctypes) counts as one loaded on demand."""
+    owner, requires = owner or {}, requires or {}
     infos = {}
     for path in shared_objects(site):
         info = _elf.read(path)
@@ -120,7 +133,7 @@ def closure(site, resolver, providers):
             else:
                 found.append(os.path.realpath(where))
     loaded = set()
-    todo = [real for real, info in infos.items() if info.module]
+    todo = [real for real, info in infos.items() if info.module and (essential is None or owner.get(real) in essential)]
     while todo:
         real = todo.pop()
         if real not in loaded:
@@ -128,9 +141,14 @@ def closure(site, resolver, providers):
             todo.extend(edges.get(real, ()))
     unresolved, optional = [], []
     for soname, needers in sorted(missing.items()):
+        listed = providers.get(soname, {})
+        present = set(name for name, paths in listed.items() if any(os.path.exists(p) for p in paths))
+        needers = [n for n in needers if not present.intersection(requires.get(owner.get(n), ()))]
+        if not needers:
+            continue
         item = {'soname': soname, 'needed_by': sorted(os.path.relpath(infos[n].path, site) for n in needers),
-                'provided_by': sorted(providers.get(soname, ()))}
-        (unresolved if item['provided_by'] or loaded.intersection(needers) else optional).append(item)
+                'provided_by': sorted(listed)}
+        (unresolved if (listed and not present) or loaded.intersection(needers) else optional).append(item)
     return unresolved, optional
 
 
@@ -273,41 +291,70 @@ def marker_env(venv, site):
             'python_full_version': full, 'implementation_version': full}
 
 
-def required_by(dists, env):
-    """{canonical name: [names of the installed distributions whose Requires-Dist names it]}, each Requires-Dist
-    taken where its marker holds (extras as the installed distributions ask for them). A marker it cannot read
-    counts as holding."""
+def requirement_edges(dists, env):
+    """[(requirer's name, canonical name required, the requirement's text without its marker, holds)] for every
+    Requires-Dist of the installed distributions, holds True where its marker holds (extras as the installed
+    distributions ask for them), None where the marker cannot be read, and False where it does not hold."""
     parsed = {}
     for d in dists:
         reqs = []
         for text in d.get('requires') or ():
             spec, _sep, marker = text.partition(';')
             m = REQUIRES.match(spec)
-            if m:
+            if m and canon(m.group(1)) != d['key']:
                 extras = set(canon(e) for e in (m.group(2) or '').split(',') if e.strip())
-                reqs.append((canon(m.group(1)), extras, marker.strip()))
+                reqs.append((canon(m.group(1)), extras, marker.strip(), spec.strip()))
         parsed[d['key']] = reqs
+    # the extras asked of each distribution grow until no holding requirement asks for more
     asked = dict((d['key'], set()) for d in dists)
-    out = {}
     changed = True
     while changed:
         changed = False
         for d in dists:
-            for key, extras, marker in parsed[d['key']]:
-                try:
-                    holds = not marker or marker_holds(marker, env, asked[d['key']])
-                except ValueError:
-                    holds = True
-                if not holds or key == d['key']:
-                    continue
-                names = out.setdefault(key, [])
-                if d['name'] not in names:
-                    names.append(d['name'])
-                    changed = True
-                if key in asked and not extras <= asked[key]:
+            for key, extras, marker, _spec in parsed[d['key']]:
+                if key in asked and not extras <= asked[key] and _holds(marker, env, asked[d['key']]) is not False:
                     asked[key] |= extras
                     changed = True
+    edges = []
+    for d in dists:
+        for key, _extras, marker, spec in parsed[d['key']]:
+            edges.append((d['name'], key, spec, _holds(marker, env, asked[d['key']])))
+    return edges
+
+
+def _holds(marker, env, extras):
+    try:
+        return not marker or marker_holds(marker, env, extras)
+    except ValueError:
+        return None
+
+
+def required_by(dists, env):
+    """{canonical name: [names of the installed distributions whose Requires-Dist names it]}, each Requires-Dist
+    taken where its marker holds (extras as the installed distributions ask for them). A marker it cannot read
+    counts as holding."""
+    out = {}
+    for name, key, _spec, holding in requirement_edges(dists, env):
+        if holding is not False:
+            names = out.setdefault(key, [])
+            if name not in names:
+                names.append(name)
     return dict((k, sorted(v)) for k, v in out.items())
+
+
+def missing_requirements(dists, env):
+    """What `pip check` calls not installed: [{name, requirement, required_by}] for each distribution that an
+    installed one requires (its marker holding for the venv; one that cannot be read is left out) and that is not
+    installed. The incident's uninstall of the cu13 wheels that torch 2.11.0 requires is named here whole, without a
+    lock (with one, the lock says what belongs in the venv, and its drift names what is missing)."""
+    installed = set(d['key'] for d in dists)
+    out = {}
+    for name, key, spec, holding in requirement_edges(dists, env):
+        if holding is True and key not in installed:
+            item = out.setdefault(key, {'name': REQUIRES.match(spec).group(1), 'requirement': spec, 'required_by': []})
+            if name not in item['required_by']:
+                item['required_by'].append(name)
+    return [dict(item, required_by=sorted(item['required_by'])) for _key, item in sorted(out.items())]
 
 
 REQUIREMENT = re.compile(r'^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*(===?)\s*([^\s;\\]+)')
@@ -534,21 +581,53 @@ def unsettled(broken, site, settled):
     return [b for b in broken if b['missing'] or b['modified']]
 
 
-def unresolved_libraries(site, dists, locked):
+def unresolved_libraries(site, dists, locked, requirers=None, imports=()):
     """The shared-library closure (see closure), the loader's search path extended with the nvidia wheels'
     lib directories: (unresolved, optional), each unresolved library with in_lock, the names of the locked
-    distributions that provide it."""
+    distributions that provide it. requirers: required_by's answer; imports: the modules whose import must work
+    (their distributions and what those require are the essential ones), none for every distribution."""
     nvidia_dirs = sorted(glob.glob(os.path.join(site, 'nvidia', '*', 'lib')))
     resolver = _elf.Resolver(extra_dirs=nvidia_dirs)
-    providers = {}
+    providers, owner, tops = {}, {}, {}
     for d in dists:
-        for path, _rel, _digest, _size in d['files']:
+        for path, rel, _digest, _size in d['files']:
+            tops.setdefault(rel.split('/', 1)[0].split('.', 1)[0], set()).add(d['name'])
             if '.so' in path:
-                providers.setdefault(os.path.basename(path), set()).add(d['name'])
-    unresolved, optional = closure(site, resolver, providers)
+                providers.setdefault(os.path.basename(path), {}).setdefault(d['name'], []).append(path)
+                owner[os.path.realpath(path)] = d['name']
+    requires = requirements(dists, requirers or {})
+    essential = None
+    if imports:
+        essential = set()
+        for name in imports:
+            for dist in tops.get(name.split('.', 1)[0], ()):
+                essential.add(dist)
+                essential.update(requires.get(dist, ()))
+    unresolved, optional = closure(site, resolver, providers, owner, requires, essential)
     for u in unresolved:
         u['in_lock'] = sorted(locked[canon(p)][0] for p in u['provided_by'] if canon(p) in locked)
     return unresolved, optional
+
+
+def requirements(dists, requirers):
+    """{distribution name: the names of the installed distributions it requires, transitively}, from required_by's
+    answer (which names, for each requirement, who requires it)."""
+    names = dict((d['key'], d['name']) for d in dists)
+    direct = {}
+    for key, who in requirers.items():
+        if key in names:
+            for requirer in who:
+                direct.setdefault(requirer, set()).add(names[key])
+    out = {}
+    for name in names.values():
+        seen, todo = set(), list(direct.get(name, ()))
+        while todo:
+            dep = todo.pop()
+            if dep not in seen and dep != name:
+                seen.add(dep)
+                todo.extend(direct.get(dep, ()))
+        out[name] = seen
+    return out
 
 
 def lock_drift(dists, locked):
@@ -591,20 +670,23 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
     by_key = dict((d['key'], d) for d in dists)
     overrides = set(canon(o) for o in overrides)
     locked = read_lock(lock) if lock else {}
-    requirers = required_by(dists, marker_env(venv, site))
+    env_markers = marker_env(venv, site)
+    requirers = required_by(dists, env_markers)
     owners = claims(dists)
     broken = broken_distributions(dists, mode)
     collisions = Collisions(site, by_key, mode, overrides, locked, requirers).check(owners)
     broken = unsettled(broken, site, collisions.settled)
-    unresolved, optional = unresolved_libraries(site, dists, locked)
+    unresolved, optional = unresolved_libraries(site, dists, locked, requirers, imports)
     drift = lock_drift(dists, locked if lock else None)
+    absent = [] if lock else missing_requirements(dists, env_markers)
     failures = failed_imports(venv, mode, imports, env, timeout)
     plan = repair_plan(venv, dists, broken, drift, locked, owners, installer, list(install_args), overrides, uv,
-                       collisions.winners, collisions.restore())
-    healthy = not (broken or collisions.found or unresolved or failures or any(drift.values()))
+                       collisions.winners, collisions.restore(), absent)
+    healthy = not (broken or collisions.found or unresolved or failures or absent or any(drift.values()))
     return {'healthy': healthy, 'site_packages': site, 'distributions': len(dists),
             'findings': {'broken_distributions': broken, 'collisions': collisions.found,
-                         'unresolved_libraries': unresolved, 'drift': drift, 'failed_imports': failures},
+                         'unresolved_libraries': unresolved, 'drift': drift, 'failed_imports': failures,
+                         'missing_requirements': absent},
             'overrides': collisions.declared, 'required': collisions.decided, 'shared_files': collisions.shared,
             'optional_libraries': optional, 'plan': plan}
 
@@ -639,7 +721,7 @@ def import_failures(python, imports, env=None, timeout=600):
 
 
 def repair_plan(venv, dists, broken, drift, locked, owners, installer, install_args, overrides, uv, winners=None,
-                restore=()):
+                restore=(), absent=()):
     """argv lists, in a safe order: removals (and, with uv, the distributions to reinstall, so that their install
     comes from the cache: uv's --reinstall-package would fetch them again), then everything their removal would
     break, broken, missing and other-version distributions installed; the distributions whose bytes belong at the
@@ -652,6 +734,8 @@ def repair_plan(venv, dists, broken, drift, locked, owners, installer, install_a
     reinstall = set(canon(b['name']) for b in broken) | set(restore)
     reinstall -= extra | replaced
     install = dict((canon(m['name']), '{0}=={1}'.format(m['name'], m['version'])) for m in drift['missing'])
+    # a requirement that is not installed (without a lock): as the requirement says
+    install.update((canon(a['name']), a['requirement']) for a in absent)
     install.update((canon(w['name']), '{0}=={1}'.format(w['name'], w['locked'])) for w in drift['wrong_version'])
     # What the plan uninstalls loses every file of its RECORD. A removal's files are gone: whoever else claims one
     # needs a reinstall. A reinstall (or another version) writes its own bytes back: a distribution whose bytes

@@ -265,6 +265,8 @@ def summary(findings):
         parts.append(part + (' ({0})'.format(ask[names]) if names in ask else ''))
     for u in findings['unresolved_libraries']:
         parts.append('{0} (needed by {1}) is not found'.format(u['soname'], ', '.join(u['needed_by'][:3])))
+    for m in findings.get('missing_requirements') or ():
+        parts.append('{0} (required by {1}) is not installed'.format(m['requirement'], ', '.join(m['required_by'])))
     for f in findings.get('failed_imports') or ():
         parts.append('import {0} failed: {1}'.format(f['module'], f['message']))
     for kind, items in sorted(findings['drift'].items()):
@@ -369,7 +371,7 @@ class Store:
             started = time.time()
             own_lock = os.path.join(target, LOCK_COPY)  # the venv keeps the lock it was built from
             write_text(own_lock, lock_text)
-            report = _venv.audit(target, own_lock, 'fast', 'uv', req.install_args, req.overrides, req.uv)
+            report = _venv.audit(target, own_lock, 'fast', 'uv', req.install_args, req.overrides, req.uv, list(req.imports))
             timings['audit_s'] = round(time.time() - started, 2)
             if not report['healthy']:
                 raise BuildError('the new venv failed its audit: {0}'.format(summary(report['findings'])),
@@ -407,7 +409,7 @@ class Store:
         try:
             for argv in plan:
                 run(argv, env, req.timeout, 'the repair step {0}'.format(' '.join(argv)))
-            after = _venv.audit(self.link, lock, 'fast', 'uv', req.install_args, req.overrides, req.uv)
+            after = _venv.audit(self.link, lock, 'fast', 'uv', req.install_args, req.overrides, req.uv, list(req.imports))
             if not after['healthy']:
                 raise BuildError('the repaired venv still has findings: {0}'.format(summary(after['findings'])),
                                  findings=after['findings'])

@@ -168,6 +168,12 @@ unresolved_libraries:
   returned: when torch does not import
   type: list
   elements: dict
+missing_requirements:
+  description: When torch does not import, the distributions that an installed one requires and that are not
+    installed (name, requirement, required_by), each also a failure C(requirement).
+  returned: when torch does not import
+  type: list
+  elements: dict
 '''
 
 from ansible.module_utils.basic import AnsibleModule

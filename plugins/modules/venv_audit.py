@@ -14,8 +14,11 @@ description:
     with nothing and is listed in RV(shared_files)), the ELF closure
     of every shared object (each DT_NEEDED resolved as the loader would, through DT_RPATH/DT_RUNPATH with
     C($ORIGIN), the venv's C(nvidia/*/lib), then the system's directories), and drift against a lock.
-  - A library that is not found is a finding when a distribution provides it (the venv should have it) or when
-    Python loads what needs it on an import (the DT_NEEDED closure of every extension module). A system library
+  - A library that is not found is a finding when a distribution lists it and its file is gone (the venv should
+    have it) or when Python loads what needs it on an import (the DT_NEEDED closure of the extension modules of
+    O(imports)' distributions and what they require; of every extension module without O(imports)). A library that
+    a distribution's requirement installs is found (its Python imports the requirement first, and the loader takes
+    a library already loaded by its soname, as torchvision's extensions take torch's C(libc10.so)). A system library
     that only a plugin needs (an object no extension module needs, which its library opens with dlopen, such as
     NVSHMEM's and NCCL's network transports or cuFile's RDMA support) is reported in RV(optional_libraries)
     instead, since it matters only where that plugin is used. A library that Python code opens itself (with
@@ -81,7 +84,12 @@ options:
         so without C(PYTHON*) variables, the user site or the working directory). A failed import is a finding,
         C(failed_imports), with the error's last line, which names a library that the loader cannot open (as in
         C(libcudnn.so.9 - cannot open shared object file)), and that library.
-      - V(fast) mode reads files only and ignores them.
+      - V(fast) mode reads files only and imports none of them.
+      - In both modes they are also what the library check holds to. A system library that no distribution of the
+        venv ships is a finding, C(unresolved_libraries), where the extension modules of their distributions (and of
+        what those require) need it; where only another distribution's extension modules need it (cupy's cuTENSOR,
+        numba's TBB pool, mpi4py's MPICH variant, which their packages import on demand and do without), it is
+        reported under RV(optional_libraries). Without O(imports), every extension module of the venv counts.
     type: list
     elements: str
     default: []
@@ -119,7 +127,9 @@ findings:
       C(decide), what the operator must declare, where nothing decides it),
       C(unresolved_libraries) (soname, needed_by, provided_by, in_lock), C(drift) (missing, extra, wrong_version),
       C(failed_imports) (module, message, and library, the shared library the loader could not open or null; only in
-      O(mode=full) with O(imports)).
+      O(mode=full) with O(imports)), C(missing_requirements) (name, requirement, required_by; what C(pip check) calls
+      not installed, each distribution that an installed one requires for this venv and that is not installed;
+      without O(lock) only, as with one the lock says what belongs in the venv and C(drift) names what is missing).
   returned: always
   type: dict
 overrides:

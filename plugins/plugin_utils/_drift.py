@@ -92,6 +92,9 @@ def container(driver=None, build=None, report=None):
     for u in findings.get('unresolved_libraries') or []:
         items.append(_item('venv', 'unresolved_library', '{0} needed by {1} is not found (provided by {2})'.format(
             u['soname'], ', '.join(u['needed_by'][:3]), ', '.join(u.get('provided_by') or []) or 'nothing installed')))
+    for m in findings.get('missing_requirements') or []:
+        items.append(_item('venv', 'missing_requirement', '{0} is not installed (required by {1}: {2})'.format(
+            m['name'], ', '.join(m['required_by']), m['requirement'])))
     for f in findings.get('failed_imports') or []:
         items.append(_item('venv', 'failed_import', 'import {0} fails: {1}'.format(f['module'], f.get('message'))))
     for kind, entries in sorted((findings.get('drift') or {}).items()):

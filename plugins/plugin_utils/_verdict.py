@@ -107,7 +107,7 @@ def audit_count(findings):
     """How many findings a venv audit has (its broken distributions, collisions, unresolved libraries, drift)."""
     findings = findings or {}
     drift = findings.get('drift') or {}
-    kinds = ('broken_distributions', 'collisions', 'unresolved_libraries', 'failed_imports')
+    kinds = ('broken_distributions', 'collisions', 'unresolved_libraries', 'failed_imports', 'missing_requirements')
     return sum(len(findings.get(k) or []) for k in kinds) + sum(len(v) for v in drift.values())
 
 

@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CPU = os.path.join(ROOT, 'roles', 'torch_venv', 'files', 'profiles', 'cpu')
 # The wheels build_wheels makes, by file name prefix.
 FAKES = ('fake_rt_cu12', 'fake_rt_cu13', 'fake_torch', 'fake_contaminant', 'fake_extra', 'fake_plugins',
-         'fake_globaldeps')
+         'fake_globaldeps', 'fake_core', 'fake_vision')
 
 LIBS = ('libfakea.so.1', 'libfakeb.so.1', 'libfakec.so.1')
 EXTENSION = """#define Py_LIMITED_API 0x030B0000
@@ -105,6 +105,7 @@ def build_wheels(d, build):
     wheel(d, 'fake-extra', '1.0', {'fake_extra/__init__.py': b''})
     plugins(d, build)
     globaldeps(d, build)
+    core_and_vision(d, build)
     wheel(d, 'fake-contaminant', '2.0', {'{0}/libfakea.so.1'.format(LIBDIR): flavours['cu12'][LIBDIR + '/libfakea.so.1'] + b'\0junk',
                                          'fake_contaminant/__init__.py': b''})
     return d
@@ -127,6 +128,33 @@ def plugins(d, build):
         wheel(d, 'fake-plugins', '1.0', {'fake_plugins/__init__.py': b'', 'fake_plugins/_native.so': native,
                                          'fake_plugins/libfakehelper.so.1': fh.read(),
                                          'fake_plugins/transport_fabric.so.3': transport})
+
+
+MODULE = """#define Py_LIMITED_API 0x030B0000
+#include <Python.h>
+extern int {call}(void);
+static PyObject *probe(PyObject *self, PyObject *unused) {{ return PyLong_FromLong({call}()); }}
+static PyMethodDef methods[] = {{{{"probe", probe, METH_NOARGS, NULL}}, {{NULL, NULL, 0, NULL}}}};
+static struct PyModuleDef module = {{PyModuleDef_HEAD_INIT, "_C", NULL, -1, methods}};
+PyMODINIT_FUNC PyInit__C(void) {{ return PyModule_Create(&module); }}
+"""
+
+
+def core_and_vision(d, build):
+    """fake-core ships fake_core/lib/libfakecore.so.1 and an extension that finds it through its RPATH, as torch
+    ships torch/lib/libc10.so; fake-vision requires fake-core and its extension needs libfakecore.so.1 with no path
+    to it, as torchvision's and torchaudio's need torch's libraries: its __init__ imports fake_core first, and the
+    loader takes the library already loaded by its soname."""
+    include = '-I' + sysconfig.get_paths()['include']
+    lib = os.path.join(build, 'libfakecore.so.1')
+    core = gcc(lib, 'int core(void) { return 7; }\n', '-Wl,-soname,libfakecore.so.1')
+    core_ext = gcc(os.path.join(build, 'core_C.so'), MODULE.format(call='core'), lib, include,
+                   '-Wl,--disable-new-dtags', '-Wl,-rpath,$ORIGIN/lib')
+    wheel(d, 'fake-core', '1.0', {'fake_core/__init__.py': b'from fake_core._C import probe\n',
+                                  'fake_core/_C.so': core_ext, 'fake_core/lib/libfakecore.so.1': core})
+    vision_ext = gcc(os.path.join(build, 'vision_C.so'), MODULE.format(call='core'), lib, include)
+    wheel(d, 'fake-vision', '1.0', {'fake_vision/__init__.py': b'import fake_core\nfrom fake_vision._C import probe\n',
+                                    'fake_vision/_C.so': vision_ext}, requires=['fake-core'])
 
 
 def globaldeps(d, build):

@@ -142,6 +142,25 @@ def test_a_missing_library_is_named_with_its_distribution(fleet, tmp_path, creds
         subprocess.run(['pct', 'exec', str(GPU), '--', 'mv', lib + '.away', lib], check=True)
 
 
+def test_an_uninstalled_requirement_is_named_with_who_requires_it(fleet, tmp_path, creds):
+    """As the incident's uninstall: a distribution torch requires is gone (its files and its dist-info), so torch
+    does not import; the failure names it whole, with who requires it, beside the loader's one message."""
+    site = '/root/venv/lib/python3.11/site-packages'
+    away = 'mkdir -p /root/away && mv {0}/typing_extensions.py {0}/typing_extensions-*.dist-info /root/away/'.format(site)
+    assert subprocess.run(['pct', 'exec', str(GPU), '--', 'sh', '-c', away]).returncode == 0
+    try:
+        res = verify(tmp_path, creds, GPU, fail=True, expect_torch_version='2.13.0+cpu')
+        assert res['failures'][0]['check'] == 'import' and 'typing_extensions' in res['failures'][0]['actual']
+        (gone,) = res['missing_requirements']
+        assert gone['name'] == 'typing-extensions' and gone['required_by'] == ['torch'], gone
+        (failure,) = [f for f in res['failures'] if f['check'] == 'requirement']
+        assert failure['expected'] == gone['requirement'] + ' installed'
+        assert failure['actual'] == 'not installed (required by torch)'
+    finally:
+        subprocess.run(['pct', 'exec', str(GPU), '--', 'sh', '-c', 'mv /root/away/* {0}/ && rmdir /root/away'.format(site)],
+                       check=True)
+
+
 def test_a_hung_probe_times_out(fleet, tmp_path, creds):
     made = subprocess.run(['pct', 'exec', str(GPU), '--', 'sh', '-c',
                            'python3 -m venv --without-pip /tmp/hung && mkdir -p /tmp/hung/lib/python3.11/site-packages/torch '

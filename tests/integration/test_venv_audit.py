@@ -105,6 +105,35 @@ def test_drift_against_a_lock_and_a_contaminant_removed_without_breaking_the_imp
     assert after['healthy'], after['findings']
 
 
+def test_a_requirement_uninstalled_is_named_without_a_lock_and_installed_by_the_plan(play, tmp_path, wheels):
+    """As the incident's uninstall of the four cu13 wheels that torch 2.11.0 from PyPI requires: the requirement is
+    named whole (pip check's "not installed"), with who requires it, without a lock; the plan installs it as
+    the requirement says, and the import works again."""
+    venv = make_venv(tmp_path, wheels, ('install', 'fake-rt-cu13', 'fake-torch-cu13'))
+    pip(venv, 'uninstall', '-y', 'fake-rt-cu13', wheels=wheels)
+    python = os.path.join(venv, 'bin', 'python')
+    assert subprocess.run([python, '-c', 'import fake_torch_cu13'], capture_output=True).returncode != 0
+    res = audit(play, venv, installer='pip', install_args=['--no-index', '--find-links', wheels],
+                imports=['fake_torch_cu13'])
+    assert not res['healthy']
+    assert res['findings']['missing_requirements'] == [
+        {'name': 'fake-rt-cu13', 'requirement': 'fake-rt-cu13==1.0', 'required_by': ['fake-torch-cu13']}]
+    assert [u['soname'] for u in res['findings']['unresolved_libraries']] == list(LIBS)
+    assert res['plan'] == [[python, '-m', 'pip', 'install', '--force-reinstall', '--no-deps', 'fake-rt-cu13==1.0',
+                            '--no-index', '--find-links', wheels]]
+    run_plan(res['plan'])
+    assert subprocess.run([python, '-c', 'import fake_torch_cu13'], capture_output=True).returncode == 0
+    after = audit(play, venv, imports=['fake_torch_cu13'])
+    assert after['healthy'], after['findings']
+    # with a lock, the lock says what belongs in the venv: its drift names what is missing
+    lock = tmp_path / 'lock.txt'
+    lock.write_text('fake-rt-cu13==1.0\nfake-torch-cu13==1.0\n')
+    pip(venv, 'uninstall', '-y', 'fake-rt-cu13', wheels=wheels)
+    locked = audit(play, venv, lock=str(lock))
+    assert locked['findings']['drift']['missing'] == [{'name': 'fake-rt-cu13', 'version': '1.0'}]
+    assert locked['findings']['missing_requirements'] == []
+
+
 def test_fail_on_findings_and_not_a_venv(play, tmp_path):
     r = play([{'gpufleet.proxmox.venv_audit': {'venv': str(tmp_path)}, 'ignore_errors': True}]).task(0)
     assert r.get('failed') and 'is not a venv' in r['msg']
@@ -123,6 +152,42 @@ def test_system_libraries_only_plugins_need_are_optional(play, tmp_path, wheels)
          'in_lock': []}]
     assert res['optional_libraries'] == [
         {'soname': 'libfakefabric.so.1', 'needed_by': ['fake_plugins/transport_fabric.so.3'], 'provided_by': []}]
+
+
+def test_a_requirements_library_and_another_packages_optional_backend_are_not_findings(play, tmp_path, wheels):
+    """As on a real training venv (seen on an H200 with torch, torchvision, torchaudio, cupy, numba and mpi4py):
+    fake-vision's extension needs fake-core's libfakecore.so.1 with no path to it, as torchvision's needs torch's
+    libc10.so, and imports (its __init__ imports fake_core first); fake-plugins' extension needs a system library
+    that is not there, as cupy's cuTENSOR module does. Held to the imports that matter, neither is a finding; the
+    requirement's library deleted is, and so is fake-plugins' system library where fake_plugins is one of them."""
+    venv = make_venv(tmp_path, wheels, ('install', 'fake-vision', 'fake-core', 'fake-plugins'))
+    python = os.path.join(venv, 'bin', 'python')
+    works = subprocess.run([python, '-c', 'import fake_vision; print(fake_vision.probe())'], capture_output=True, text=True)
+    assert works.returncode == 0 and works.stdout.strip() == '7', works.stderr
+    for mode in ('fast', 'full'):
+        held = audit(play, venv, imports=['fake_vision'], mode=mode)
+        assert held['healthy'], held['findings']
+        assert held['optional_libraries'] == [
+            {'soname': 'libfakefabric.so.1', 'needed_by': ['fake_plugins/transport_fabric.so.3'], 'provided_by': []},
+            {'soname': 'libfakesys.so.1', 'needed_by': ['fake_plugins/libfakehelper.so.1'], 'provided_by': []}]
+    # every extension module counts without imports: fake_plugins' system library is a finding, torchvision's is not
+    every = audit(play, venv)
+    assert [u['soname'] for u in every['findings']['unresolved_libraries']] == ['libfakesys.so.1']
+    both = audit(play, venv, imports=['fake_vision', 'fake_plugins'])
+    assert [u['soname'] for u in both['findings']['unresolved_libraries']] == ['libfakesys.so.1']
+    # the requirement's own library gone: a finding, as the import fails
+    os.unlink(os.path.join(site_packages(venv), 'fake_core', 'lib', 'libfakecore.so.1'))
+    assert subprocess.run([python, '-c', 'import fake_vision'], capture_output=True).returncode != 0
+    gone = audit(play, venv, imports=['fake_vision'])
+    assert not gone['healthy']
+    (lost,) = gone['findings']['unresolved_libraries']
+    assert lost['soname'] == 'libfakecore.so.1' and lost['provided_by'] == ['fake-core']
+    assert lost['needed_by'] == ['fake_core/_C.so', 'fake_vision/_C.so']
+
+
+def site_packages(venv):
+    (site,) = [os.path.join(venv, 'lib', d, 'site-packages') for d in os.listdir(os.path.join(venv, 'lib'))]
+    return site
 
 
 CU12, CU13 = 'fake-rt-cu12', 'fake-rt-cu13'
