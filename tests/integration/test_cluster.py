@@ -17,7 +17,7 @@ import yaml
 from gpufleet.lab import manager
 from proxmoxer.core import ResourceException
 
-from conftest import ROOT, SITE, Pve, _api, run_playbook
+from conftest import ROOT, SITE, Pve, _api, doc_block, run_playbook
 from test_gpu_container_role import OPEN
 
 pytestmark = pytest.mark.lab
@@ -400,18 +400,6 @@ def test_the_cli_limited_to_a_node_verifies_that_nodes_containers(cluster, tmp_p
     assert done.returncode == 0 and result['exit_code'] == 0, result.get('verdict')
     assert result['verdict'] == 'clean: verified 1 of 1 container(s)'
     assert sorted(result['hosts']) == ['pve2', 'train-c2']
-
-
-def doc_block(section, lang, having=''):
-    """The first ```lang block (holding having) of docs/operators.md under the heading that starts with section."""
-    with open(os.path.join(ROOT, 'docs', 'operators.md')) as fh:
-        text = fh.read()
-    part = text[text.index('\n## ' + section):]
-    while True:
-        start = part.index('```' + lang + '\n') + len(lang) + 4
-        block, part = part[start:part.index('```', start)], part[part.index('```', start) + 3:]
-        if having in block:
-            return block
 
 
 def test_the_operators_walkthrough_from_the_copied_example_to_a_clean_drift_from_cron(cluster, creds, tmp_path):

@@ -39,6 +39,19 @@ def wait_task(node, upid, timeout=60, poll=0.05, log=True):
         time.sleep(poll)
 
 
+def doc_block(section, lang, having=''):
+    """The first ```lang block (holding having) of docs/operators.md under the heading that starts with section: the
+    tests run the guide's own commands."""
+    with open(os.path.join(ROOT, 'docs', 'operators.md')) as fh:
+        text = fh.read()
+    part = text[text.index('\n## ' + section):]
+    while True:
+        start = part.index('```' + lang + '\n') + len(lang) + 4
+        block, part = part[start:part.index('```', start)], part[part.index('```', start) + 3:]
+        if having in block:
+            return block
+
+
 class Pve:
     """A thin proxmoxer wrapper for tests: wait on tasks, create and clean up containers."""
 
