@@ -25,14 +25,15 @@ def lab():
     from gpufleet.lab.layout import Lab
     from gpufleet.lab.containers import Containers
     lab = Lab()
-    manager.up(lab, say=lambda msg: print(msg))
     # the suite starts from an empty node: a container left by an interrupted run (a molecule scenario's, a test's)
-    # carries the fleet's tag and would be every drift check's orphan
+    # carries the fleet's tag and would be every drift check's orphan. A reset ends with the lab up.
     left = Containers(lab).all()
     if left:
         print('the lab holds containers from before this run ({0}): reset to an empty node'.format(
             ', '.join(map(str, left))))
         manager.reset(lab, say=lambda msg: print(msg))
+    else:
+        manager.up(lab, say=lambda msg: print(msg))
     return lab
 
 

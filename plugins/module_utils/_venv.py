@@ -329,12 +329,12 @@ def _holds(marker, env, extras):
         return None
 
 
-def required_by(dists, env):
-    """{canonical name: [names of the installed distributions whose Requires-Dist names it]}, each Requires-Dist
-    taken where its marker holds (extras as the installed distributions ask for them). A marker it cannot read
-    counts as holding."""
+def required_by(edges):
+    """{canonical name: [names of the installed distributions whose Requires-Dist names it]}, from
+    requirement_edges' answer: each Requires-Dist taken where its marker holds (extras as the installed
+    distributions ask for them). A marker it cannot read counts as holding."""
     out = {}
-    for name, key, _spec, holding in requirement_edges(dists, env):
+    for name, key, _spec, holding in edges:
         if holding is not False:
             names = out.setdefault(key, [])
             if name not in names:
@@ -342,14 +342,14 @@ def required_by(dists, env):
     return dict((k, sorted(v)) for k, v in out.items())
 
 
-def missing_requirements(dists, env):
+def missing_requirements(dists, edges):
     """What `pip check` calls not installed: [{name, requirement, required_by}] for each distribution that an
-    installed one requires (its marker holding for the venv; one that cannot be read is left out) and that is not
-    installed. The incident's uninstall of the cu13 wheels that torch 2.11.0 requires is named here whole, without a
+    installed one requires (requirement_edges' answer: its marker holding for the venv; one that cannot be read is
+    left out) and that is not installed. The incident's uninstall of the cu13 wheels that torch 2.11.0 requires is named here whole, without a
     lock (with one, the lock says what belongs in the venv, and its drift names what is missing)."""
     installed = set(d['key'] for d in dists)
     out = {}
-    for name, key, spec, holding in requirement_edges(dists, env):
+    for name, key, spec, holding in edges:
         if holding is True and key not in installed:
             item = out.setdefault(key, {'name': REQUIRES.match(spec).group(1), 'requirement': spec, 'required_by': []})
             if name not in item['required_by']:
@@ -581,43 +581,42 @@ def unsettled(broken, site, settled):
     return [b for b in broken if b['missing'] or b['modified']]
 
 
-def unresolved_libraries(site, dists, locked, requirers=None, imports=()):
+def unresolved_libraries(site, dists, locked, edges=(), imports=()):
     """The shared-library closure (see closure), the loader's search path extended with the nvidia wheels'
     lib directories: (unresolved, optional), each unresolved library with in_lock, the names of the locked
-    distributions that provide it. requirers: required_by's answer; imports: the modules whose import must work
+    distributions that provide it. edges: requirement_edges' answer; imports: the modules whose import must work
     (their distributions and what those require are the essential ones), none for every distribution."""
     nvidia_dirs = sorted(glob.glob(os.path.join(site, 'nvidia', '*', 'lib')))
     resolver = _elf.Resolver(extra_dirs=nvidia_dirs)
-    providers, owner, tops = {}, {}, {}
+    providers, owner = {}, {}
     for d in dists:
-        for path, rel, _digest, _size in d['files']:
-            tops.setdefault(rel.split('/', 1)[0].split('.', 1)[0], set()).add(d['name'])
+        for path, _rel, _digest, _size in d['files']:
             if '.so' in path:
                 providers.setdefault(os.path.basename(path), {}).setdefault(d['name'], []).append(path)
                 owner[os.path.realpath(path)] = d['name']
-    requires = requirements(dists, requirers or {})
+    requires = requirements(dists, edges)
     essential = None
     if imports:
+        tops = set(name.split('.', 1)[0] for name in imports)
         essential = set()
-        for name in imports:
-            for dist in tops.get(name.split('.', 1)[0], ()):
-                essential.add(dist)
-                essential.update(requires.get(dist, ()))
+        for d in dists:
+            if any(rel.split('/', 1)[0].split('.', 1)[0] in tops for _path, rel, _digest, _size in d['files']):
+                essential.add(d['name'])
+                essential.update(requires[d['name']])
     unresolved, optional = closure(site, resolver, providers, owner, requires, essential)
     for u in unresolved:
         u['in_lock'] = sorted(locked[canon(p)][0] for p in u['provided_by'] if canon(p) in locked)
     return unresolved, optional
 
 
-def requirements(dists, requirers):
-    """{distribution name: the names of the installed distributions it requires, transitively}, from required_by's
-    answer (which names, for each requirement, who requires it)."""
+def requirements(dists, edges):
+    """{distribution name: the names of the installed distributions it requires, transitively}, from
+    requirement_edges' answer (a requirement whose marker cannot be read counts, as in required_by)."""
     names = dict((d['key'], d['name']) for d in dists)
     direct = {}
-    for key, who in requirers.items():
-        if key in names:
-            for requirer in who:
-                direct.setdefault(requirer, set()).add(names[key])
+    for requirer, key, _spec, holding in edges:
+        if holding is not False and key in names:
+            direct.setdefault(requirer, set()).add(names[key])
     out = {}
     for name in names.values():
         seen, todo = set(), list(direct.get(name, ()))
@@ -670,15 +669,15 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
     by_key = dict((d['key'], d) for d in dists)
     overrides = set(canon(o) for o in overrides)
     locked = read_lock(lock) if lock else {}
-    env_markers = marker_env(venv, site)
-    requirers = required_by(dists, env_markers)
+    edges = requirement_edges(dists, marker_env(venv, site))
+    requirers = required_by(edges)
     owners = claims(dists)
     broken = broken_distributions(dists, mode)
     collisions = Collisions(site, by_key, mode, overrides, locked, requirers).check(owners)
     broken = unsettled(broken, site, collisions.settled)
-    unresolved, optional = unresolved_libraries(site, dists, locked, requirers, imports)
+    unresolved, optional = unresolved_libraries(site, dists, locked, edges, imports)
     drift = lock_drift(dists, locked if lock else None)
-    absent = [] if lock else missing_requirements(dists, env_markers)
+    absent = [] if lock else missing_requirements(dists, edges)
     failures = failed_imports(venv, mode, imports, env, timeout)
     plan = repair_plan(venv, dists, broken, drift, locked, owners, installer, list(install_args), overrides, uv,
                        collisions.winners, collisions.restore(), absent)

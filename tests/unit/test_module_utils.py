@@ -342,19 +342,19 @@ def test_what_the_installed_distributions_require():
         {'key': 'cuda-toolkit', 'name': 'cuda-toolkit', 'requires': [
             'nvidia-cudnn-cu13==9.19.0.56; extra == "cudnn"', 'nvidia-cublas==13.1; extra == "cublas"']},
         {'key': 'nvidia-nccl-cu12', 'name': 'nvidia-nccl-cu12', 'requires': []}]
-    assert _venv.required_by(dists, LINUX) == {
+    assert _venv.required_by(_venv.requirement_edges(dists, LINUX)) == {
         'nvidia-nccl-cu13': ['torch'], 'cuda-toolkit': ['torch'], 'nvidia-cudnn-cu13': ['cuda-toolkit'],
         'odd': ['torch']}  # a marker it cannot read counts as holding
     # what pip check calls not installed: the requirements that hold (the extra torch asks of cuda-toolkit too), not
     # one whose marker cannot be read
-    assert _venv.missing_requirements(dists, LINUX) == [
+    assert _venv.missing_requirements(dists, _venv.requirement_edges(dists, LINUX)) == [
         {'name': 'nvidia-cudnn-cu13', 'requirement': 'nvidia-cudnn-cu13==9.19.0.56', 'required_by': ['cuda-toolkit']},
         {'name': 'nvidia-nccl-cu13', 'requirement': 'nvidia-nccl-cu13==2.28.9', 'required_by': ['torch']}]
     # one requirement twice with markers that disagree (as torch's METADATA has): it holds where one holds
     twice = [{'key': 'torch', 'name': 'torch', 'requires': [
         'setuptools; python_version >= "3.10"', 'setuptools; python_version < "3.0"', 'sympy>=1.13']}]
-    assert _venv.required_by(twice, LINUX) == {'setuptools': ['torch'], 'sympy': ['torch']}
-    assert [m['name'] for m in _venv.missing_requirements(twice, LINUX)] == ['setuptools', 'sympy']
+    assert _venv.required_by(_venv.requirement_edges(twice, LINUX)) == {'setuptools': ['torch'], 'sympy': ['torch']}
+    assert [m['name'] for m in _venv.missing_requirements(twice, _venv.requirement_edges(twice, LINUX))] == ['setuptools', 'sympy']
 
 
 def test_who_wins_a_path_claimed_with_different_bytes():
