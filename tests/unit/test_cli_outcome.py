@@ -136,3 +136,18 @@ def test_node_is_a_limit_to_the_node_and_its_containers():
     with pytest.raises(SystemExit):
         parser().parse_args(['verify', '--node', 'pve1', '--limit', 'pve1'])
     assert parser().parse_args(['verify', '--node', 'pve1', '--node', 'pve2']).node == ['pve1', 'pve2']
+
+
+def test_pipelining_is_on_where_no_config_sets_it_and_as_configured_where_one_does(tmp_path, monkeypatch):
+    for name in ('ANSIBLE_CONFIG', 'ANSIBLE_PIPELINING', 'ANSIBLE_HOST_KEY_CHECKING'):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv('HOME', str(tmp_path))  # no ~/.ansible.cfg
+    bare = tmp_path / 'inventories-repo'
+    bare.mkdir()
+    monkeypatch.chdir(bare)
+    assert fleet.ansible_settings() == {'ANSIBLE_HOST_KEY_CHECKING': 'True', 'ANSIBLE_PIPELINING': 'True'}
+    (bare / 'ansible.cfg').write_text('[defaults]\nhost_key_checking = False\n[connection]\npipelining = False\n')
+    assert fleet.ansible_settings() == {'ANSIBLE_HOST_KEY_CHECKING': 'False'}
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv('ANSIBLE_PIPELINING', 'False')
+    assert 'ANSIBLE_PIPELINING' not in fleet.ansible_settings()

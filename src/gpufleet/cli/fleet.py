@@ -148,11 +148,17 @@ def doctor_outcome(runner_status, rc, stats, report):
             'hosts': hosts, 'checks': rows, 'containers': [], 'nodes': {}, 'drift': False, 'drift_count': 0}
 
 
-def host_key_checking():
-    """Ansible's host_key_checking as this directory's ansible.cfg and the environment set it ('True' unless they
-    turn it off). ansible-runner turns it off for every run it starts unless told: the CLI tells it Ansible's own."""
+def ansible_settings():
+    """The Ansible settings the CLI hands ansible-runner: host key checking as this directory's ansible.cfg and the
+    environment set it ('True' unless they turn it off; ansible-runner turns it off for every run it starts unless
+    told) and, where neither sets pipelining (the collection installed, run outside a checkout), pipelining on, so
+    that each module goes into a container in one round trip through pct, as the checkout's ansible.cfg has it."""
     from ansible.config.manager import ConfigManager
-    return str(bool(ConfigManager().get_config_value('HOST_KEY_CHECKING')))
+    config = ConfigManager()
+    out = {'ANSIBLE_HOST_KEY_CHECKING': str(bool(config.get_config_value('HOST_KEY_CHECKING')))}
+    if config.get_config_value_and_origin('ANSIBLE_PIPELINING')[1] == 'default':
+        out['ANSIBLE_PIPELINING'] = 'True'
+    return out
 
 
 def node_limit(nodes, group=CONTAINERS_GROUP):
@@ -190,8 +196,8 @@ def run(args):
         r = ansible_runner.run(
             private_data_dir=home, project_dir=os.getcwd(), ident=ident, playbook=PLAYBOOKS[args.command],
             cmdline=shlex.join(cmdline), limit=limit, forks=args.forks, verbosity=args.verbose or None,
-            envvars={'PATH': env['PATH'], 'GPUFLEET_REPORT_DIR': reports, 'GPUFLEET_RUN_ID': ident,
-                     'ANSIBLE_HOST_KEY_CHECKING': host_key_checking()}, quiet=True,
+            envvars=dict(ansible_settings(), PATH=env['PATH'], GPUFLEET_REPORT_DIR=reports, GPUFLEET_RUN_ID=ident),
+            quiet=True,
             event_handler=progress.event, rotate_artifacts=KEEP_RUNS, suppress_env_files=True)
     if args.command == 'doctor':
         result = doctor_outcome(r.status, r.rc, r.stats, read_json(os.path.join(reports, 'doctor.json')))
