@@ -86,7 +86,9 @@ class ActionModule(ControllerAction):
                 len(args['plan'].get('containers') or []))))
             rows.append(_doctor.changes_row(args['changes']))
             if client is not None:
-                rows.extend(self.new_containers(args['plan'], args['changes'], client))
+                looked = dict((node, dict((r.get('item'), r) for r in host_var(
+                    hostvars, node, 'gpu_container_doctor_templates', {}).get('results') or [])) for node in nodes)
+                rows.extend(self.new_containers(args['plan'], args['changes'], client, looked))
         out = {'ready': _doctor.ready(rows), 'rows': rows}
         try:
             written, _removed = _reports.write_all(args['report_dir'], {'doctor': out})
@@ -128,8 +130,9 @@ class ActionModule(ControllerAction):
         return rows
 
     @staticmethod
-    def new_containers(plan, changes, client):
-        """The template and the room on the storage on each node for the containers a first run creates."""
+    def new_containers(plan, changes, client, looked):
+        """The template (there, and holding python3) and the room on the storage on each node for the containers a
+        first run creates. looked: {node: {template: what the node's look into it found}}."""
         created = set((c.get('vmid'), c.get('node')) for c in changes.get('containers') or [] if c.get('created'))
         per_node = {}
         for spec in plan.get('containers') or []:
@@ -155,6 +158,10 @@ class ActionModule(ControllerAction):
                 got = contents[sid]
                 rows.append(_doctor.template_row(name, volid, got if isinstance(got, set) else set(),
                                                  None if isinstance(got, set) else got))
+                python = (_doctor.python_row(name, volid, looked.get(name, {}).get(volid))
+                          if isinstance(got, set) and volid in got else None)
+                if python:
+                    rows.append(python)
             status = {}
             for sid in want['wanted']:
                 try:

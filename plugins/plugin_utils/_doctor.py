@@ -152,6 +152,30 @@ def template_row(node, volid, have, error=None):
                'pveam update && pveam download {0} {1}'.format(volid.split(':')[0], volid.split('/')[-1]))
 
 
+def python_row(node, volid, looked):
+    """Whether a template that new containers are made from holds python3, which Ansible's modules and the venv
+    build run on in the container. looked: the node's look into it (the doctor's task on the node: rc 0 with
+    stdout python3 or none, 3 where `pvesm path` failed, 4 where tar could not list the file), None where the node
+    did not look (it was not reached: its ssh row says so)."""
+    if not looked or looked.get('unreachable') or looked.get('skipped'):
+        return None
+    said = short(looked.get('stderr') or looked.get('msg') or '')
+    out = (looked.get('stdout') or '').strip()
+    if looked.get('rc') == 0 and out == 'python3':
+        return row(node, 'template python3', True, '{0} holds /usr/bin/python3'.format(volid))
+    if looked.get('rc') == 0 and out == 'none':
+        return row(node, 'template python3', False, '{0} holds no /usr/bin/python3: Ansible\'s modules and the venv '
+                   'build run on the container\'s python3'.format(volid),
+                   'use a template that has it (pveam available --section system: debian-12-standard or '
+                   'ubuntu-24.04-standard), or make one: a container from this template with python3 installed, '
+                   'then vzdump of it into the template storage (gpufleet_template)')
+    if looked.get('rc') == 3:
+        return row(node, 'template python3', False, 'pvesm path {0}: {1}'.format(volid, said),
+                   'check the volume id and its storage on the node: pvesm path {0}'.format(volid))
+    return row(node, 'template python3', False, '{0} could not be read: {1}'.format(volid, said),
+               'check the file on the node: tar -tf "$(pvesm path {0})" (zstd, xz or gzip installed)'.format(volid))
+
+
 def changes_row(result):
     """What the fleet's check run would do (lxc_container's containers and orphans, in check mode), as one row."""
     counts = {}

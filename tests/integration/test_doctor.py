@@ -9,6 +9,8 @@ import sys
 import pytest
 
 from conftest import ROOT
+from gpufleet.lab import host
+from gpufleet.lab.layout import TEMPLATE
 from test_gpu_container_role import entry
 
 pytestmark = pytest.mark.lab
@@ -53,6 +55,8 @@ def test_a_lab_ready_for_its_fleet_says_so_and_nothing_changes(tmp_path, pve):
     assert got[('pve1', 'wheelhouse')]['detail'].endswith('wheelhouse') and 'wheel(s) in' in got[('pve1', 'wheelhouse')]['detail']
     assert got[('fleet', 'plan')]['detail'] == 'a run would create 1, start 1'
     assert got[('pve1', 'template')]['detail'] == 'local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst'
+    assert got[('pve1', 'template python3')]['detail'] == \
+        'local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst holds /usr/bin/python3'
     assert got[('pve1', 'storage')]['detail'].startswith('local-lvm: ') and '32 GiB of new root disks' in \
         got[('pve1', 'storage')]['detail']
     assert out['verdict'].startswith('ready: ')
@@ -73,6 +77,27 @@ def test_a_missing_template_no_room_no_driver_and_no_wheels_are_each_named_with_
     assert got[('pve1', 'wheelhouse')]['detail'] == 'offline mode, and /opt/elsewhere holds no wheels'
     assert out['verdict'] == 'not ready: 4 of {0} check(s) failed (pve1 driver, pve1 storage, pve1 template, ' \
         'pve1 wheelhouse)'.format(len(out['checks']))
+
+
+def test_a_template_without_python3_or_one_that_cannot_be_read_is_named_with_the_fix(tmp_path, lab):
+    """The node's template file itself (the API lists it either way): python3 in it, or the archive unreadable."""
+    path = os.path.join(lab.storage_path('local'), 'template', 'cache', TEMPLATE)
+    try:
+        host.make_template(path, python3=False)
+        out = doctor(tmp_path, [entry(VMID, 'doc-a', [0])])
+        assert (out['exit_code'], failing(out)) == (1, [('pve1', 'template python3')]), out['checks']
+        got = rows(out)[('pve1', 'template python3')]
+        assert got['detail'].startswith('local:vztmpl/{0} holds no /usr/bin/python3'.format(TEMPLATE))
+        assert got['fix'].startswith('use a template that has it (pveam available --section system')
+        with open(path, 'wb') as fh:
+            fh.write(b'not an archive')
+        out = doctor(tmp_path, [entry(VMID, 'doc-a', [0])])
+        got = rows(out)[('pve1', 'template python3')]
+        assert not got['ok'] and got['detail'].startswith('local:vztmpl/{0} could not be read: '.format(TEMPLATE))
+        assert got['fix'] == 'check the file on the node: tar -tf "$(pvesm path local:vztmpl/{0})" (zstd, xz or ' \
+            'gzip installed)'.format(TEMPLATE)
+    finally:
+        host.make_template(path)
 
 
 def test_logins_that_pve_refuses_are_each_named(tmp_path):

@@ -54,6 +54,22 @@ def test_template_is_on_local_storage(pve, creds):
     assert 'local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst' in [c['volid'] for c in content]
 
 
+def test_the_template_the_api_lists_is_a_file_that_pvesm_path_names_on_the_node(node_ssh):
+    # the path of the node's `local` (a dir storage: template/cache), and a real archive there with python3 in it
+    volid = 'local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst'
+    got = node_ssh('p=$(pvesm path {0}) && echo "$p" && tar -tf "$p"'.format(volid))
+    assert got.returncode == 0, got.stderr
+    path, files = got.stdout.splitlines()[0], got.stdout.splitlines()[1:]
+    assert path.endswith('/storage/local/template/cache/debian-12-standard_12.12-1_amd64.tar.zst')
+    assert './usr/bin/python3' in files and './etc/os-release' in files
+    # PVE's errors, on stderr with exit 255: an unknown storage, a name that is no template, no volume id at all
+    for volume, said in (('nfs1:vztmpl/x.tar.zst', "storage 'nfs1' does not exist"),
+                         ('local:vztmpl/x.txt', "unable to parse directory volume name 'vztmpl/x.txt'"),
+                         ('just-a-name', "unable to parse volume ID 'just-a-name'")):
+        got = node_ssh('pvesm path {0}'.format(volume))
+        assert (got.returncode, got.stdout, got.stderr.strip()) == (255, '', said)
+
+
 def test_token_is_refused_device_passthrough_but_may_change_cores(pve, pve_token):
     pve.create(931)
     with pytest.raises(ResourceException) as err:

@@ -48,7 +48,7 @@ def test_down_leaves_nothing_then_up_restores(lab, pve):
         assert not os.path.exists(path), path
     assert not os.path.exists('/sys/class/net/' + lab.bridge)
     assert subprocess.run(['nft', 'list', 'table', 'ip', 'gpufleet_lab'], capture_output=True).returncode != 0
-    assert not os.path.exists(lab.pct_link)
+    assert not os.path.exists(lab.pct_link) and not os.path.exists(lab.pvesm_link)
     for pid in pids:
         assert not running(pid), 'process {0} still running'.format(pid)
     with open('/proc/self/mountinfo') as fh:

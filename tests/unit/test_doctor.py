@@ -76,3 +76,20 @@ def test_a_refused_login_gets_the_fix_for_why_it_was_refused():
     assert 'gpufleet_api_ca_path' in _doctor.login_fix(ca, 'root@pam', 'gpufleet')
     assert "pveum acl modify / --tokens 'root@pam!gpufleet'" in _doctor.login_fix('GET /nodes: 401', 'root@pam', 'gpufleet')
     assert 'gpufleet_api_password' in _doctor.login_fix("Couldn't authenticate user: root@pam ... code: 401", 'root@pam')
+
+
+def test_the_template_python3_row_follows_what_the_node_found():
+    volid = 'local:vztmpl/alpine-3.22-default_20250617_amd64.tar.xz'
+    assert _doctor.python_row('pve1', volid, None) is None  # not looked into: the node's ssh row says why
+    assert _doctor.python_row('pve1', volid, {'unreachable': True, 'msg': 'refused'}) is None
+    ok = _doctor.python_row('pve1', volid, {'rc': 0, 'stdout': 'python3\n'})
+    assert ok == {'where': 'pve1', 'check': 'template python3', 'ok': True, 'fix': '',
+                  'detail': volid + ' holds /usr/bin/python3'}
+    none = _doctor.python_row('pve1', volid, {'rc': 0, 'stdout': 'none\n'})
+    assert not none['ok'] and 'holds no /usr/bin/python3' in none['detail'] and 'pveam available' in none['fix']
+    path = _doctor.python_row('pve1', volid, {'rc': 3, 'stdout': '', 'stderr': "storage 'local' does not exist\n"})
+    assert (path['ok'], path['detail'], path['fix']) == (
+        False, "pvesm path {0}: storage 'local' does not exist".format(volid),
+        'check the volume id and its storage on the node: pvesm path ' + volid)
+    unread = _doctor.python_row('pve1', volid, {'rc': 4, 'stdout': '', 'stderr': 'tar: xz: Cannot exec'})
+    assert not unread['ok'] and unread['detail'] == volid + ' could not be read: tar: xz: Cannot exec'

@@ -50,6 +50,7 @@ class Lab:
     gpus: int = field(default_factory=lambda: int(os.environ.get('GPUFLEET_LAB_GPUS', GPU_COUNT)))
     dev_dir: str = HOST_DEV
     pct_link: str = '/usr/local/sbin/pct'
+    pvesm_link: str = '/usr/local/sbin/pvesm'
     driver_version: str = DRIVER_VERSION
 
     def path(self, *parts):
@@ -107,6 +108,11 @@ class Lab:
     def node_files(self):
         """The node's own /: the files the collection writes on the node (boot units, scripts, caches)."""
         return os.path.join(self.node_root, 'node')
+
+    def storage_path(self, sid):
+        """The directory of the node's own dir storage sid ('local', as /var/lib/vz on a PVE node): the files
+        `pvesm path` names, such as its templates under template/cache."""
+        return os.path.join(self.node_root, 'storage', sid)
 
     @property
     def driver_dir(self):

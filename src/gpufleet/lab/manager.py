@@ -121,7 +121,8 @@ def up(lab=None, say=print, nodes=None, gpus=None, drivers=None):
         for node in lab.cluster():
             if node.node not in offline:
                 host.ensure_sshd(node)
-        host.ensure_pct(lab, record)
+        host.ensure_commands(lab, record)
+        host.ensure_templates(lab)
         os.makedirs(lab.lxcpath, exist_ok=True)
         host.start_daemon(lab)
         host.wait_api(lab)
@@ -134,7 +135,7 @@ def up(lab=None, say=print, nodes=None, gpus=None, drivers=None):
 
 
 def down(lab=None, say=print):
-    """Take everything the lab made away: containers, API, sshd, bridge and NAT, device nodes, `pct`."""
+    """Take everything the lab made away: containers, API, sshd, bridge and NAT, device nodes, `pct` and `pvesm`."""
     lab = lab or Lab()
     record = lab.record()
     host.stop_daemon(lab)
@@ -143,7 +144,7 @@ def down(lab=None, say=print):
         containers.destroy(vmid)
     for node in lab.cluster():
         host.stop_sshd(node)
-    host.remove_pct(record)
+    host.remove_commands(record)
     host.remove_gpus(record)
     host.remove_network(record)
     host.remove_sysctls(record)

@@ -5,16 +5,18 @@ directories (device nodes, the bridge, NAT, sysctls, /etc/subuid, the `pct`
 link) is written down in the lab's host record, and `down` undoes exactly that.
 
 base: preflight, subordinate ids, the Debian base, the wheelhouse; gpus: the stand-in GPUs and driver;
-network: bridge and NAT; tls: the API's certificate and credentials; services: sshd, pct, the API daemon.
+network: bridge and NAT; tls: the API's certificate and credentials; services: sshd, pct and pvesm, the API
+daemon.
 """
 
 from ._util import LabError, sh  # noqa: F401
 from .base import (  # noqa: F401
-    ensure_base, ensure_subids, ensure_wheelhouse, preflight, remove_subids, shift_ids)
+    ensure_base, ensure_subids, ensure_templates, ensure_wheelhouse, make_template, preflight, remove_subids,
+    shift_ids)
 from .gpus import (  # noqa: F401
     ensure_gpus, free_dynamic_major, gpu_record_key, lose_gpu_nodes, real_nvidia, remove_gpus)
 from .network import ensure_network, ensure_sysctls, remove_network, remove_sysctls  # noqa: F401
 from .services import (  # noqa: F401
-    code_version, daemon_running, ensure_pct, ensure_sshd, remove_lxc_cgroups, remove_pct, sshd_running,
+    code_version, daemon_running, ensure_commands, ensure_sshd, remove_commands, remove_lxc_cgroups, sshd_running,
     start_daemon, stop_daemon, stop_sshd, wait_api)
 from .tls import ensure_credentials, ensure_tls  # noqa: F401

@@ -1,14 +1,15 @@
 """The lab's base: the host's preflight, subordinate ids for unprivileged containers, the Debian base that
-containers are made from, and the local wheelhouse."""
+containers are made from, the local wheelhouse, and each node's template file."""
 
 import glob
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
-from ..layout import UNPRIV_BASE, UNPRIV_RANGE, UV_PIN
+from ..layout import TEMPLATE, UNPRIV_BASE, UNPRIV_RANGE, UV_PIN
 
-from ._util import _read, sh
+from ._util import LabError, _read, sh
 
 
 # What the containers' base holds, as PVE's debian-12-standard template does in what matters here: python3 but not
@@ -33,7 +34,7 @@ def preflight():
     if os.geteuid() != 0:
         problems.append('the lab needs root (it makes LXC containers, device nodes and a bridge)')
     for tool, package in (('lxc-start', 'lxc'), ('debootstrap', 'debootstrap'), ('sshd', 'openssh-server'),
-                          ('nft', 'nftables'), ('ip', 'iproute2'), ('gcc', 'gcc')):
+                          ('nft', 'nftables'), ('ip', 'iproute2'), ('gcc', 'gcc'), ('zstd', 'zstd')):
         if not shutil.which(tool) and not os.path.exists('/usr/sbin/' + tool):
             problems.append('{0} is missing (apt-get install {1})'.format(tool, package))
     try:
@@ -179,3 +180,50 @@ def ensure_wheelhouse(lab, say):
                 os.link(path, dest)
             except OSError:
                 shutil.copy2(path, dest)
+
+
+def make_template(path, python3=True):
+    """A small container template at path, as `pveam download` leaves one: a zstd-compressed tar of a root file
+    system whose entries start with ./ (PVE's templates are made so). It holds Debian 12's top directories, its
+    os-release, and /usr/bin/python3 as Debian has it (a link to python3.11) unless python3 is False. The lab's
+    containers are made from its Debian base, not from this file: the file is what a node's template looks like to
+    a check that reads it (`pvesm path`, then its list of files)."""
+    import io
+    import tarfile
+    import time
+    data = io.BytesIO()
+    now = int(time.time())
+
+    def add(name, kind=tarfile.DIRTYPE, text=b'', target='', mode=0o755):
+        info = tarfile.TarInfo('./' + name if name else '.')
+        info.type, info.mode, info.mtime, info.linkname, info.size = kind, mode, now, target, len(text)
+        tar.addfile(info, io.BytesIO(text) if kind == tarfile.REGTYPE else None)
+
+    with tarfile.open(fileobj=data, mode='w', format=tarfile.GNU_FORMAT) as tar:
+        add('')
+        for name in ('etc', 'root', 'tmp', 'usr', 'usr/bin', 'usr/lib', 'usr/sbin', 'var'):
+            add(name)
+        for name in ('bin', 'lib', 'sbin'):
+            add(name, tarfile.SYMTYPE, target='usr/' + name)
+        add('etc/os-release', tarfile.REGTYPE, b'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\n'
+            b'VERSION_ID="12"\n', mode=0o644)
+        add('usr/bin/sh', tarfile.SYMTYPE, target='dash')
+        add('usr/bin/dash', tarfile.REGTYPE, b'\x7fELF', mode=0o755)
+        if python3:
+            add('usr/bin/python3', tarfile.SYMTYPE, target='python3.11')
+            add('usr/bin/python3.11', tarfile.REGTYPE, b'\x7fELF', mode=0o755)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    part = path + '.part'
+    made = subprocess.run(['zstd', '-q', '-f', '-o', part], input=data.getvalue(), stderr=subprocess.PIPE)
+    if made.returncode != 0:
+        raise LabError('zstd could not write {0}: {1}'.format(part, made.stderr.decode(errors='replace').strip()))
+    os.replace(part, path)
+
+
+def ensure_templates(lab):
+    """Each node's template (the one fakepve lists in its storage `local`) as a file in the node's own `local`
+    storage, where `pvesm path` finds it: made where it is missing."""
+    for node in lab.cluster():
+        path = os.path.join(node.storage_path('local'), 'template', 'cache', TEMPLATE)
+        if not os.path.exists(path):
+            make_template(path)

@@ -1,4 +1,4 @@
-"""The lab's services: the node's sshd, its `pct`, and the daemon that serves the PVE API."""
+"""The lab's services: the node's sshd, its `pct` and `pvesm`, and the daemon that serves the PVE API."""
 
 import glob
 import os
@@ -82,21 +82,23 @@ def stop_sshd(lab, sessions=False):
                 pass
 
 
-# -- pct ----------------------------------------------------------------------------------
-def ensure_pct(lab, record):
-    """`pct` on the node's PATH, running the lab's implementation with this Python."""
-    text = '#!/bin/sh\n# gpufleet lab: pct for the lab node\nexec {0} -m gpufleet.lab.pct "$@"\n'.format(
-        sys.executable)
-    if os.path.exists(lab.pct_link) and _read(lab.pct_link) != text and 'pct' not in record:
-        raise LabError('{0} exists and is not the lab\'s: is this a real Proxmox node?'.format(lab.pct_link))
-    _write(lab.pct_link, text.encode(), 0o755)
-    record['pct'] = lab.pct_link
+# -- pct and pvesm ------------------------------------------------------------------------
+def ensure_commands(lab, record):
+    """`pct` and `pvesm` on the node's PATH, each running the lab's implementation with this Python."""
+    for name, link in (('pct', lab.pct_link), ('pvesm', lab.pvesm_link)):
+        text = '#!/bin/sh\n# gpufleet lab: {0} for the lab node\nexec {1} -m gpufleet.lab.{0} "$@"\n'.format(
+            name, sys.executable)
+        if os.path.exists(link) and _read(link) != text and name not in record:
+            raise LabError('{0} exists and is not the lab\'s: is this a real Proxmox node?'.format(link))
+        _write(link, text.encode(), 0o755)
+        record[name] = link
 
 
-def remove_pct(record):
-    path = record.get('pct')
-    if path and os.path.exists(path) and 'gpufleet lab' in _read(path):
-        os.unlink(path)
+def remove_commands(record):
+    for name in ('pct', 'pvesm'):
+        path = record.get(name)
+        if path and os.path.exists(path) and 'gpufleet lab' in _read(path):
+            os.unlink(path)
 
 
 # -- the API daemon -----------------------------------------------------------------------
