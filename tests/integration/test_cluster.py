@@ -14,11 +14,13 @@ import tempfile
 
 import pytest
 import yaml
-from gpufleet.lab import manager
+from gpufleet.lab import host, manager
+from gpufleet.lab.layout import TEMPLATE
 from proxmoxer.core import ResourceException
 
 from conftest import ROOT, SITE, Pve, _api, doc_block, run_playbook
-from test_gpu_container_role import OPEN
+from test_doctor import doctor, failing, rows
+from test_gpu_container_role import OPEN, entry
 
 pytestmark = pytest.mark.lab
 
@@ -174,6 +176,32 @@ def test_a_migration_moves_the_container_where_pve_allows_it_and_is_refused_wher
     st, log = pve.wait(on(cluster, 'pve1').lxc(970).migrate.post(target='pve2', restart=1))
     assert st['exitstatus'] == 'migration problems', (st, log)
     assert on(cluster, 'pve2').lxc(970).status.current.get()['status'] == 'stopped'
+
+
+def test_a_template_is_on_the_nodes_it_was_downloaded_to_only(cluster, creds, tmp_path):
+    """PVE's `local` is each node's own disk: the template the API lists on a node is the file in that node's
+    storage, a create on a node without it fails in its task (nothing left behind), and the doctor names that node."""
+    pve, lab = cluster['pve'], cluster['lab']
+    volid = 'local:vztmpl/' + TEMPLATE
+    path = os.path.join(lab.on('pve2').storage_path('local'), 'template', 'cache', TEMPLATE)
+    os.unlink(path)
+    try:
+        for node, has in (('pve1', True), ('pve2', False), ('pve3', True)):
+            listed_there = [c['volid'] for c in on(cluster, node).storage('local').content.get(content='vztmpl')]
+            assert (volid in listed_there) == has, (node, listed_there)
+        assert ssh(creds, 'pve2', 'test -e "$(pvesm path {0})"'.format(volid)).returncode == 1
+        pve.made.append(981)
+        st, log = pve.wait(on(cluster, 'pve2').lxc.post(
+            vmid=981, ostemplate=volid, hostname='ct981', storage='local-lvm',
+            net0='name=eth0,bridge=vmbr0,ip=10.77.0.183/24,gw=10.77.0.1'))
+        assert st['exitstatus'] == "unable to create CT 981 - volume '{0}' does not exist".format(volid), (st, log)
+        assert 981 not in [r['vmid'] for r in pve.api.cluster.resources.get(type='vm')]
+        out = doctor(tmp_path, [entry(981, 'tmpl-a', [], node='pve2'), entry(982, 'tmpl-b', [], node='pve3')])
+        assert failing(out) == [('pve2', 'template')], out['checks']
+        assert rows(out)[('pve3', 'template python3')]['ok']
+    finally:
+        host.make_template(path)
+    assert volid in [c['volid'] for c in on(cluster, 'pve2').storage('local').content.get(content='vztmpl')]
 
 
 def test_the_lab_inventory_lists_every_node_with_its_own_files(cluster, tmp_path):

@@ -41,6 +41,9 @@ TOKEN_PRIVILEGES = ('VM.Allocate', 'VM.Audit', 'VM.Config.CPU', 'VM.Config.Memor
                     'Datastore.Allocate', 'Datastore.AllocateSpace', 'Datastore.AllocateTemplate',
                     'Datastore.Audit', 'Sys.Audit', 'Sys.Modify', 'Sys.Console', 'SDN.Use', 'Pool.Audit')
 
+# A template's file name in a dir storage's template/cache (pve-storage src/PVE/Storage.pm VZTMPL_EXT_RE_1).
+TEMPLATE_FILE = re.compile(r'^[^/]+\.tar\.(gz|xz|zst|bz2)$')
+
 # Container tasks whose outcome the real container must follow.
 CT_TASKS = ('vzcreate', 'vzrestore', 'vzstart', 'vzstop', 'vzshutdown', 'vzreboot', 'vzdestroy',
             'vzsuspend', 'vzresume', 'vzmigrate')
@@ -68,6 +71,7 @@ class LabPve(FakePve):
         self._ct_locks = {}
         self.node_versions = {}  # {node: version} where a node runs another version than the API's node
         self._migrating = {}  # {vmid: target} of the migrations asked for, until their task runs
+        self._creating = {}  # {vmid: ostemplate} of the creates asked for, until their task runs
         self.status_lag = 0.0
         self._statd = {}  # {vmid: [(since, status)]}: what pvestatd would have seen, and from when
 
@@ -231,6 +235,12 @@ class LabPve(FakePve):
             loop = asyncio.get_running_loop()
             source = self.backend_of(vmid)
             was_running = self.ct(vmid) is not None and self.ct(vmid).status == 'running'
+            if ttype == 'vzcreate':
+                volid = self._creating.pop(vmid, None)
+                if self.missing_template(node, volid):
+                    # the template is unpacked on the container's node, from that node's own storage
+                    self._drop(self.ct(vmid))
+                    raise TaskError("unable to create CT {0} - volume '{1}' does not exist".format(vmid, volid))
             if ttype == 'vzmigrate':
                 why = self.migrate_refusal(self.ct(vmid), self._migrating.pop(vmid, None))
                 if why:
@@ -330,7 +340,45 @@ class LabPve(FakePve):
     async def _lxc_create(self, user, v):
         if v.get('node') in self.backends:
             self.check_devices(v['node'], v)
+        self._creating[int(v['vmid'])] = v.get('ostemplate')
         return await super()._lxc_create(user, v)
+
+    # -- each node's own `local` -----------------------------------------------
+    # fakepve's storages are the cluster's: one list of volumes for every node. PVE's `local` is a dir storage on
+    # each node's own disk (/var/lib/vz), so a template downloaded on one node is not on the others. The lab reads
+    # each node's `local` templates from that node's directory (Lab.storage_path), as PVE's dir plugin lists them.
+    def local_templates(self, node):
+        """{volname: volume} of the templates in node's `local`: pve-storage src/PVE/Storage/Plugin.pm
+        get_subdir_files (vztmpl/<file>, format t<compression>, the file's size and ctime)."""
+        cache = os.path.join(self.lab.on(node).storage_path('local'), 'template', 'cache')
+        out = {}
+        for name in sorted(os.listdir(cache)) if os.path.isdir(cache) else ():
+            m = TEMPLATE_FILE.match(name)
+            path = os.path.join(cache, name)
+            if m and os.path.isfile(path):
+                st = os.stat(path)
+                out['vztmpl/' + name] = {'content': 'vztmpl', 'format': 't' + m.group(1), 'size': st.st_size,
+                                         'ctime': int(st.st_ctime)}
+        return out
+
+    def missing_template(self, node, volid):
+        """Whether volid is a template of `local` that node does not have."""
+        sid, _colon, volname = str(volid or '').partition(':')
+        return sid == 'local' and volname.startswith('vztmpl/') and node in self.backends and \
+            volname not in self.local_templates(node)
+
+    async def _content_list(self, v, user):
+        out = await super()._content_list(v, user)
+        if v['storage'] != 'local' or v['node'] not in self.backends or v.get('content') not in (None, 'vztmpl'):
+            return out
+        out = [item for item in out if item['content'] != 'vztmpl']
+        for volname, vol in self.local_templates(v['node']).items():
+            try:
+                self._check_access(user, 'local', 'vztmpl', None, 'local:' + volname)
+            except PveError:
+                continue
+            out.append(self._item('local', volname, vol))
+        return sorted(out, key=lambda item: item['volid'].lower())
 
     async def _lxc_config_put(self, user, v):
         ct = self.ct(int(v['vmid']))
