@@ -7,7 +7,7 @@ import pytest
 # the helpers live in the package, where the benchmarks use them too; the tests import them from here
 from gpufleet.lab.testing import (  # noqa: F401
     API_DEFAULTS, ONE_STORE, ROOT, SITE, TEMPLATE_VOLID, TOKEN_DEFAULTS, PlayResult, Pve, api as _api, doc_block,
-    run_playbook, site)
+    metric_values, run_playbook, site)
 
 
 def gpu_node(index):

@@ -29,6 +29,7 @@ class Run(object):
         definition = (self.var(reader, 'gpufleet_containers') or []) if reader else []
         plan = (self.var(reader, 'gpu_container_plan') or {}) if reader else {}
         planned = plan.get('hosts')
+        self.gpus = dict((vmid, h.get('gpus') or []) for vmid, h in (planned or {}).items())
         # the nodes the run could not reach: their containers are judged (unreached), not left out
         self.unreachable = set(plan.get('nodes_down') or [])
         self.definition = [e for e in definition if planned is None or not isinstance(e, dict)
@@ -69,7 +70,9 @@ class ActionModule(ControllerAction):
             if args['verdict']:
                 run = args['run'] or {}
                 reports = seen.reports(run.get('id'))
-                verdict = _verdict.fleet(reports, seen.definition, seen.reconcile, run, check_mode, seen.unreachable)
+                verdict = _verdict.fleet(reports, seen.definition, seen.reconcile, run, check_mode, seen.unreachable,
+                                         seen.gpus)
+                verdict['nodes'] = _verdict.nodes(seen.devices())
                 judged = set(row['host'] for row in verdict['containers'] if row['state'] in ('verified', 'failed'))
                 files = dict((r['host'], r) for r in reports if r.get('host') in judged)
                 files['summary'] = verdict

@@ -119,7 +119,7 @@ def _row(r):
         'host': r.get('host'), 'node': r.get('node'), 'vmid': r.get('vmid'), 'profile': r.get('profile'),
         'state': 'verified' if ok else 'failed', 'ok': ok, 'torch_version': torch.get('torch_version'),
         'cuda_version': torch.get('cuda_version'), 'cuda_available': torch.get('cuda_available'),
-        'devices_seen': torch.get('device_count'), 'devices_expected': (r.get('expected') or {}).get('device_count'),
+        'driver_version': torch.get('driver_version'), 'devices_seen': torch.get('device_count'), 'devices_expected': (r.get('expected') or {}).get('device_count'),
         'failures': ['{0}: expected {1}, got {2}'.format(f.get('check'), f.get('expected'), f.get('actual'))
                      for f in torch.get('failures') or []] or ([] if ok else problems(r.get('audit'), r.get('torch'))),
         'venv_findings': audit_count((r.get('audit') or {}).get('findings')),
@@ -151,15 +151,31 @@ def found(container, as_found):
     return container.get('status') or 'absent'
 
 
-def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachable=()):
+def nodes(devices):
+    """{node: {driver_version, gpus}} of the nodes discovery read (devices: {node: its gpu_devices fact}): the loaded
+    driver's version and each GPU (index, pci_bus_id, uuid, name, where nvidia-smi said them)."""
+    return dict((node, {'driver_version': found.get('driver_version'),
+                        'gpus': [dict((k, g.get(k)) for k in ('index', 'pci_bus_id', 'uuid', 'name'))
+                                 for g in found.get('gpus') or []]})
+                for node, found in sorted(devices.items()) if found)
+
+
+def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachable=(), gpus=None):
     """The fleet's verification as one verdict over every container of the fleet definition, not only the ones
     this run reached. reports: the verify role's reports of this run (others, from an earlier run, are ignored
     where run is given); containers: the fleet definition's entries; reconcile: gpu_container's lxc_container
     result (what the API said of each container; read-only where checked_only). Each container is verified,
     failed (its own findings), missing, stopped, unreached (running, but no report of this run) or unread (the API
     was not read), unreached also where their node is in unreachable (nodes the run could not reach). Containers
-    that the fleet declares stopped are listed and not counted, unless they are missing."""
-    run = run or {}
+    that the fleet declares stopped are listed and not counted, unless they are missing. Each row has gpus, the
+    GPU indexes the container is given: gpus ({vmid: indexes}, the run's plan) where it has them, else the entry's
+    own list."""
+    run, gpus = run or {}, gpus or {}
+
+    def given(vmid, entry):
+        listed = (entry or {}).get('gpus')
+        return list(gpus[vmid]) if vmid in gpus else list(listed) if isinstance(listed, list) else []
+
     mine = [r for r in reports or [] if isinstance(r, dict) and (not run.get('id') or r.get('run') == run['id'])]
     by_host = dict((r.get('host'), r) for r in mine)
     read = dict((c.get('vmid'), c) for c in (reconcile or {}).get('containers') or [])
@@ -172,7 +188,7 @@ def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachabl
         host, vmid = entry.get('hostname'), entry.get('vmid')
         seen.add(host)
         if host in by_host:
-            rows.append(dict(_row(by_host[host]), expected=True))
+            rows.append(dict(_row(by_host[host]), expected=True, gpus=given(vmid, entry)))
             continue
         c = read.get(vmid)
         status = found(c, as_found)
@@ -192,8 +208,9 @@ def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachabl
         expected = declared != 'stopped' or state == 'missing'
         rows.append({'host': host, 'node': node, 'vmid': vmid, 'profile': entry.get('profile'), 'state': state,
                      'ok': False if expected else None, 'expected': expected, 'why': why,
-                     'failures': [why] if expected else []})
-    rows.extend(dict(_row(r), expected=True) for h, r in sorted(by_host.items()) if h not in seen)
+                     'failures': [why] if expected else [], 'gpus': given(vmid, entry)})
+    rows.extend(dict(_row(r), expected=True, gpus=given(r.get('vmid'), None)) for h, r in sorted(by_host.items())
+                if h not in seen)
     counted = [row for row in rows if row['expected']]
     verified = sum(1 for row in counted if row['state'] == 'verified')
     bad = [row for row in counted if row['state'] != 'verified']

@@ -7,17 +7,26 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
 
-from conftest import ROOT, Pve, _api
+from conftest import ROOT, Pve, _api, metric_values
 from test_gpu_container_role import entry
 
 pytestmark = pytest.mark.lab
 
 VMID = 361
 BIN = os.path.dirname(sys.executable)
+CT = (('hostname', 'cli-a'), ('node', 'pve1'), ('vmid', str(VMID)))
+
+
+def ran(values, command):
+    """The run series of one command in a metrics file: (exit code, seconds it took > 0, ended within a minute)."""
+    key = (('command', command),)
+    return (values[('gpufleet_last_run_exit_code', key)], values[('gpufleet_run_duration_seconds', key)] > 0,
+            abs(time.time() - values[('gpufleet_last_run_timestamp_seconds', key)]) < 60)
 
 
 def gpufleet(home, fleet_file, *args, env=None):
@@ -65,8 +74,15 @@ def test_drift_exit_codes_check_then_fix(fleet):
     assert 'clean: verified 1 of 1 container(s), no drift' in clean.stdout
 
     pve.ct(VMID).config.put(cores=2)  # the fleet says 1
-    found = gpufleet(fleet['home'], fleet['file'], 'drift', '--json')
+    prom = fleet['home'].parent / 'textfile' / 'gpufleet.prom'
+    prom.parent.mkdir()
+    found = gpufleet(fleet['home'], fleet['file'], 'drift', '--json', '--metrics', str(prom))
     result = as_json(found)
+    # the drift in the metrics too, as Prometheus' own parser reads them, in a file the collector may read
+    values = metric_values(prom)
+    assert values[('gpufleet_drift_items', CT)] == 1 and values[('gpufleet_verify_ok', CT)] == 1
+    assert ran(values, 'drift') == (2, True, True) and result['metrics'] == str(prom)
+    assert stat.S_IMODE(os.stat(prom).st_mode) == 0o644 and os.listdir(prom.parent) == ['gpufleet.prom']
     assert found.returncode == 2 and result['exit_code'] == 2 and result['drift'] is True
     assert [(i['stage'], i['item'], i['before'], i['after']) for i in result['containers'][0]['drift']] == \
         [('container', 'cores', 2, 1)]
@@ -77,20 +93,34 @@ def test_drift_exit_codes_check_then_fix(fleet):
     assert 'cli-a (node pve1, CT 361): torch 2.13.0+cpu, cuda -, devices 0/-, ok yes\n  container cores: config cores ' \
         'differs\n' in table.stdout and 'drift: 1 item(s) found' in table.stdout
 
-    fixed = gpufleet(fleet['home'], fleet['file'], 'drift', '--fix', '--json')
+    fixed = gpufleet(fleet['home'], fleet['file'], 'drift', '--fix', '--json', '--metrics', str(prom))
     result = as_json(fixed)
     assert fixed.returncode == 2 and result['verdict'] == 'drift: 1 item(s) repaired, and the fleet verified'
     assert pve.ct(VMID).config.get()['cores'] == 1
+    values = metric_values(prom)
+    assert values[('gpufleet_drift_items', CT)] == 0  # repaired
+    assert ran(values, 'drift-fix') == (2, True, True) and ran(values, 'drift')[0] == 2  # the check's run is kept
     assert gpufleet(fleet['home'], fleet['file'], 'drift').returncode == 0
 
 
 def test_a_failed_verification_is_an_error(fleet):
-    done = gpufleet(fleet['home'], fleet['file'], 'verify', '--json', '-e', '{"verify_expect": {"torch_version": "9.9"}}')
+    prom = fleet['home'].parent / 'verify.prom'
+    done = gpufleet(fleet['home'], fleet['file'], 'verify', '--json', '-e', '{"verify_expect": {"torch_version": "9.9"}}',
+                    '--metrics', str(prom))
     result = as_json(done)
     assert done.returncode == 1 and result['verdict'] == \
         'error: failed on cli-a; verified 0 of 1 container(s): cli-a (CT {0} on pve1): failed'.format(VMID)
     (row,) = result['containers']
     assert row['ok'] is False and row['failures'] == ['torch_version: expected 9.9, got 2.13.0+cpu']
+    values = metric_values(prom)
+    assert (values[('gpufleet_verify_ok', CT)], values[('gpufleet_container_running', CT)],
+            values[('gpufleet_venv_healthy', CT)], values[('gpufleet_gpus_expected', CT)]) == (0, 1, 1, 1)
+    assert values[('gpufleet_container_info', tuple(sorted(CT + (
+        ('cuda_version', ''), ('driver_version', '580.95.05'), ('torch_version', '2.13.0+cpu')))))] == 1
+    assert values[('gpufleet_node_driver_info', (('driver_version', '580.95.05'), ('node', 'pve1')))] == 1
+    assert values[('gpufleet_node_gpus', (('node', 'pve1'),))] == 8
+    assert ran(values, 'verify') == (1, True, True)
+    assert ('gpufleet_drift_items', CT) not in values  # verify does not look for drift
 
 
 def test_an_unreachable_node_exits_4(fleet):
@@ -190,9 +220,12 @@ def test_verify_judges_the_whole_fleet_not_only_what_it_reached(fleet, tmp_path)
     for gone in ('stopped', 'missing'):
         if gone == 'missing':
             pve.ok(pve.ct(VMID).delete())
-        done = gpufleet(fleet['home'], fleet['file'], 'verify', '--json')
+        done = gpufleet(fleet['home'], fleet['file'], 'verify', '--json', '--metrics', str(tmp_path / 'f.prom'))
         result = as_json(done)
         assert done.returncode == 1, result['verdict']
+        values = metric_values(tmp_path / 'f.prom')
+        assert (values[('gpufleet_container_present', CT)], values[('gpufleet_container_running', CT)],
+                values[('gpufleet_verify_ok', CT)]) == ((0 if gone == 'missing' else 1), 0, 0)
         assert result['verdict'].endswith('verified 0 of 1 container(s): cli-a (CT {0} on pve1): {1}'.format(VMID, gone))
         (row,) = result['containers']
         assert (row['host'], row['state'], row['ok']) == ('cli-a', gone, False)

@@ -18,7 +18,7 @@ import shlex
 import sys
 import time
 
-from . import secrets, show
+from . import metrics, secrets, show
 
 CLEAN, ERROR, DRIFT, UNREACHABLE = 0, 1, 2, 4
 CONTAINERS_GROUP = 'gpufleet_containers'  # the gpu_container role's gpu_container_group
@@ -176,6 +176,7 @@ def run(args):
     import ansible_runner
 
     os.umask(0o077)
+    started = time.time()
     home = private_dir(os.path.abspath(os.path.expanduser(args.artifacts or default_home())))
     ident = '{0}-{1}-{2}'.format(time.strftime('%Y%m%dT%H%M%S'), args.command, os.getpid())
     reports = os.path.join(home, 'artifacts', ident, 'reports')
@@ -202,9 +203,10 @@ def run(args):
     if args.command == 'doctor':
         result = doctor_outcome(r.status, r.rc, r.stats, read_json(os.path.join(reports, 'doctor.json')))
     else:
-        result = outcome(args.command, fix, r.status, r.rc, r.stats,
-                         this_run(read_json(os.path.join(reports, 'summary.json')), ident),
+        summary = this_run(read_json(os.path.join(reports, 'summary.json')), ident)
+        result = outcome(args.command, fix, r.status, r.rc, r.stats, summary,
                          read_json(os.path.join(reports, 'drift', 'summary.json')))
+        result['node_info'] = (summary or {}).get('nodes') or {}
     if r.stats is None:
         tail = scrubber.text(''.join(r.stdout.readlines()[-20:]))
         show.error('ansible-playbook did not run its plays:\n' + tail)
@@ -220,6 +222,12 @@ def run(args):
     # What is printed, as a table or as JSON, is this one scrubbed result.
     result = json.loads(scrubber.text(json.dumps(result, default=str)))
     result['scrubbed'] = scrubber.count
+    if getattr(args, 'metrics', None):
+        try:
+            result['metrics'] = metrics.write(args.metrics, result, metrics.command_label(args.command, fix), started)
+        except (IOError, OSError) as e:
+            show.error('the metrics could not be written to {0}: {1}'.format(args.metrics, e))
+            result['exit_code'] = result['exit_code'] or ERROR
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
     else:
@@ -263,4 +271,7 @@ def add_parsers(sub):
             (scope if dest in ('limit', 'node') else p).add_argument(*flags, dest=dest, **kw)
         if name == 'drift':
             p.add_argument('--fix', action='store_true', help='repair the drift (a plain drift.yml run)')
+        if name != 'doctor':
+            p.add_argument('--metrics', metavar='FILE', help='write the fleet\'s metrics to FILE for node_exporter\'s '
+                           'textfile collector (Prometheus text format, replaced atomically; docs/operators.md)')
         p.set_defaults(func=run)

@@ -245,3 +245,13 @@ class Index:
         if self.thread.is_alive():
             self.server.shutdown()
             self.server.server_close()
+
+
+def metric_values(path):
+    """{(name, ((label, value), ...)): value} of a Prometheus textfile, read with prometheus_client's own parser
+    (which fails on a file the exposition format does not allow)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    with open(path) as fh:
+        text = fh.read()
+    return dict(((s.name, tuple(sorted(s.labels.items()))), s.value)
+                for family in text_string_to_metric_families(text) for s in family.samples)

@@ -1,0 +1,147 @@
+"""`--metrics FILE`: a run's result in Prometheus' text exposition format, for node_exporter's textfile collector.
+
+One file holds the fleet as the last runs saw it. Each run writes it whole and atomically (a temporary file in the
+same directory, then a rename: the collector never reads half a file): its containers and nodes as this run saw
+them, the run's own time, exit code and duration under its `command` label, and from the file as it was, the other
+commands' run series and the drift of each container where this run did not look for drift (`up` and `verify`
+keep what the last drift run found). docs/operators.md lists the metrics.
+"""
+
+import os
+import re
+import time
+
+PREFIX = 'gpufleet_'
+
+# name: (help, labels). The order is the file's.
+CONTAINER = ('node', 'vmid', 'hostname')
+METRICS = (
+    ('container_present', 'Whether the container exists in PVE (0: missing).', CONTAINER),
+    ('container_running', 'Whether the container runs.', CONTAINER),
+    ('verify_ok', 'Whether the container was verified in the run (0: failed, missing, stopped or unreached).',
+     CONTAINER),
+    ('drift_items', 'Drift items of the container the last drift run found and left (repaired ones are gone).',
+     CONTAINER),
+    ('gpus_expected', 'GPUs the fleet gives the container.', CONTAINER),
+    ('gpus_seen', 'GPUs torch saw in the container.', CONTAINER),
+    ('venv_healthy', 'Whether the container\'s venv audit found nothing.', CONTAINER),
+    ('container_info', 'The container\'s torch, CUDA and userspace driver versions (always 1).',
+     CONTAINER + ('torch_version', 'cuda_version', 'driver_version')),
+    ('node_driver_info', 'The NVIDIA driver version loaded on the node (always 1).', ('node', 'driver_version')),
+    ('node_gpus', 'GPUs on the node.', ('node',)),
+    ('last_run_timestamp_seconds', 'When the last run of the command ended (Unix time).', ('command',)),
+    ('last_run_exit_code', 'The last run\'s exit code (0 clean, 1 error, 2 drift, 4 unreachable).', ('command',)),
+    ('run_duration_seconds', 'How long the last run of the command took.', ('command',)),
+)
+HELP = dict((name, (text, labels)) for name, text, labels in METRICS)
+RUN = ('last_run_timestamp_seconds', 'last_run_exit_code', 'run_duration_seconds')
+SAMPLE = re.compile(r'^' + PREFIX + r'(\w+)\{(.*)\} (\S+)$')
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def command_label(command, fix=False):
+    """The `command` label of a run: up, verify, drift, drift-fix."""
+    return command + ('-fix' if fix else '')
+
+
+def escape(value):
+    return str(value).replace('\\', '\\\\').replace('"', '\\"').replace('\n', '\\n')
+
+
+def unescape(value):
+    return re.sub(r'\\(.)', lambda m: '\n' if m.group(1) == 'n' else m.group(1), value)
+
+
+def read(text):
+    """[(name without the prefix, {label: value}, value text)] of a file this module wrote (others' lines are
+    ignored)."""
+    out = []
+    for line in (text or '').splitlines():
+        m = SAMPLE.match(line)
+        if m and m.group(1) in HELP:
+            out.append((m.group(1), dict((k, unescape(v)) for k, v in LABEL.findall(m.group(2))), m.group(3)))
+    return out
+
+
+def samples(result, command, ended, took, before=()):
+    """[(name, labels, value)] of a run: result is the CLI's (rows per container, node_info, exit code, drift);
+    command its label; ended and took its end (Unix time) and duration; before what the file held (read's)."""
+    out = []
+    looked_for_drift = command.startswith('drift')
+    drift_before = dict(((s[1].get('node'), s[1].get('vmid'), s[1].get('hostname')), s[2])
+                        for s in before if s[0] == 'drift_items')
+    for row in result.get('containers') or []:
+        if not row.get('vmid'):
+            continue
+        ids = {'node': row.get('node') or '', 'vmid': str(row['vmid']), 'hostname': row.get('host') or ''}
+        state = row.get('state')
+        if state not in (None, 'unread'):  # unread: the API was not read, so neither is known
+            out.append(('container_present', ids, 0 if state == 'missing' else 1))
+            out.append(('container_running', ids, 1 if state in ('verified', 'failed', 'unreached') else 0))
+        if row.get('expected'):
+            out.append(('verify_ok', ids, 1 if state == 'verified' else 0))
+        if looked_for_drift:
+            # a repair run leaves no drift where it verified the fleet; what it could not repair stays
+            left = 0 if command == 'drift-fix' and result.get('exit_code') in (0, 2) else len(row.get('drift') or [])
+            out.append(('drift_items', ids, left))
+        elif (ids['node'], ids['vmid'], ids['hostname']) in drift_before:
+            out.append(('drift_items', ids, drift_before[(ids['node'], ids['vmid'], ids['hostname'])]))
+        if row.get('gpus') is not None:
+            out.append(('gpus_expected', ids, len(row['gpus'])))
+        if state in ('verified', 'failed'):
+            if row.get('devices_seen') is not None:
+                out.append(('gpus_seen', ids, row['devices_seen']))
+            out.append(('venv_healthy', ids, 0 if row.get('venv_findings') else 1))
+            versions = dict((k, row.get(k) or '') for k in ('torch_version', 'cuda_version', 'driver_version'))
+            if any(versions.values()):
+                out.append(('container_info', dict(ids, **versions), 1))
+    for node, info in sorted((result.get('node_info') or {}).items()):
+        if info.get('driver_version'):
+            out.append(('node_driver_info', {'node': node, 'driver_version': info['driver_version']}, 1))
+        out.append(('node_gpus', {'node': node}, len(info.get('gpus') or [])))
+    runs = dict(((s[0], s[1].get('command')), s) for s in before if s[0] in RUN and s[1].get('command') != command)
+    runs.update(((name, command), (name, {'command': command}, value)) for name, value in (
+        ('last_run_timestamp_seconds', round(ended, 3)), ('last_run_exit_code', result.get('exit_code', 1)),
+        ('run_duration_seconds', round(took, 3))))
+    out.extend(runs[key] for key in sorted(runs, key=lambda k: (RUN.index(k[0]), k[1])))
+    return out
+
+
+def render(found):
+    """The exposition text of samples' answer: each metric's HELP and TYPE (gauge), then its samples."""
+    lines = []
+    for name, text, labels in METRICS:
+        mine = [s for s in found if s[0] == name]
+        if not mine:
+            continue
+        lines += ['# HELP {0}{1} {2}'.format(PREFIX, name, text), '# TYPE {0}{1} gauge'.format(PREFIX, name)]
+        for _name, values, value in mine:
+            lines.append('{0}{1}{{{2}}} {3}'.format(PREFIX, name, ','.join(
+                '{0}="{1}"'.format(k, escape(values.get(k, ''))) for k in labels), value))
+    return '\n'.join(lines) + '\n'
+
+
+def write(path, result, command, started, ended=None):
+    """Write the run's metrics to path, atomically, readable by the collector (0644), keeping from the file as it
+    was what samples keeps. Returns the path."""
+    ended = time.time() if ended is None else ended
+    try:
+        with open(path) as fh:
+            before = read(fh.read())
+    except (IOError, OSError):
+        before = []
+    text = render(samples(result, command, ended, ended - started, before))
+    directory = os.path.dirname(os.path.abspath(path))
+    # not *.prom: the collector reads only those, and never this half-written file
+    part = os.path.join(directory, '.{0}.{1}.tmp'.format(os.path.basename(path), os.getpid()))
+    try:
+        with open(part, 'w') as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(part, 0o644)
+        os.replace(part, path)
+    finally:
+        if os.path.exists(part):
+            os.unlink(part)
+    return path
