@@ -119,7 +119,8 @@ def _row(r):
         'host': r.get('host'), 'node': r.get('node'), 'vmid': r.get('vmid'), 'profile': r.get('profile'),
         'state': 'verified' if ok else 'failed', 'ok': ok, 'torch_version': torch.get('torch_version'),
         'cuda_version': torch.get('cuda_version'), 'cuda_available': torch.get('cuda_available'),
-        'driver_version': torch.get('driver_version'), 'devices_seen': torch.get('device_count'), 'devices_expected': (r.get('expected') or {}).get('device_count'),
+        'driver_version': torch.get('driver_version'), 'devices_seen': torch.get('device_count'),
+        'devices_expected': (r.get('expected') or {}).get('device_count'),
         'failures': ['{0}: expected {1}, got {2}'.format(f.get('check'), f.get('expected'), f.get('actual'))
                      for f in torch.get('failures') or []] or ([] if ok else problems(r.get('audit'), r.get('torch'))),
         'venv_findings': audit_count((r.get('audit') or {}).get('findings')),
