@@ -9,7 +9,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
 APT_PACKAGES := python3 python3-venv python3-dev gcc lxc debootstrap openssh-server openssh-client \
-	nftables iproute2 uidmap ca-certificates shellcheck zstd
+	nftables iproute2 uidmap ca-certificates shellcheck zstd chromium
 
 .PHONY: demo test deps venv lab-up lab-down lab-status unit integration molecule lint sanity bench clean
 

@@ -4,6 +4,7 @@ model, ansible-runner transmit | worker | process, against a direct run."""
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -121,6 +122,47 @@ def test_a_failed_verification_is_an_error(fleet):
     assert values[('gpufleet_node_gpus', (('node', 'pve1'),))] == 8
     assert ran(values, 'verify') == (1, True, True)
     assert ('gpufleet_drift_items', CT) not in values  # verify does not look for drift
+
+
+def chromium(*args):
+    """Headless Chromium (Debian's package, as `make deps` installs it) with args; its stdout."""
+    assert shutil.which('chromium'), 'chromium is not installed (make deps installs it)'
+    done = subprocess.run(['chromium', '--headless', '--no-sandbox', '--disable-gpu', '--hide-scrollbars'] + list(args),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_the_fleet_page_of_the_last_run_and_of_a_check_now_in_a_browser(fleet, tmp_path):
+    """gpufleet report --html from the last run (the failed verification before this test) and from a drift check
+    made now (-i), each rendered by a real browser: its DOM names the node, the container and their state, and it
+    renders to a PNG. The docs' example (a GPU shared by two, a CPU-only, a missing and a stopped container) too."""
+    page = tmp_path / 'fleet.html'
+    done = subprocess.run([os.path.join(BIN, 'gpufleet'), 'report', '--artifacts', str(fleet['home']), '--html',
+                           str(page)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith('wrote {0}: error: failed on cli-a'.format(page)), done
+    dom = chromium('--dump-dom', page.as_uri())
+    assert 'data-node="pve1"' in dom and 'data-host="cli-a"' in dom and 'gpufleet verify, ended ' in dom
+    assert '>failed</span>' in dom and 'torch_version: expected 9.9, got 2.13.0+cpu' in dom
+    assert 'data-gpu="0" data-holders="cli-a"' in dom and 'class="gpu failed"' in dom
+    chromium('--window-size=1200,800', '--screenshot=' + str(tmp_path / 'fleet.png'), page.as_uri())
+    with open(tmp_path / 'fleet.png', 'rb') as fh:
+        png = fh.read()
+    assert png.startswith(b'\x89PNG\r\n\x1a\n') and len(png) > 10000
+    now = gpufleet(fleet['home'], fleet['file'], 'report', '--html', str(tmp_path / 'now.html'))
+    assert now.returncode == 0 and 'clean: verified 1 of 1 container(s), no drift' in now.stdout, now.stdout[-2000:]
+    dom = chromium('--dump-dom', (tmp_path / 'now.html').as_uri())
+    assert 'gpufleet drift, ended ' in dom and '>verified</span>' in dom and 'data-host="cli-a"' in dom
+    example = tmp_path / 'example' / 'artifacts' / 'run'
+    example.mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, 'tests', 'unit', 'data', 'report-example.json'), str(example / 'result.json'))
+    done = subprocess.run([os.path.join(BIN, 'gpufleet'), 'report', '--artifacts', str(tmp_path / 'example'),
+                           '--html', str(tmp_path / 'example.html')], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    dom = chromium('--dump-dom', (tmp_path / 'example.html').as_uri())
+    for node in ('gpu01', 'gpu02', 'util01'):
+        assert 'data-node="{0}"'.format(node) in dom
+    assert 'shared: nb-a, nb-b' in dom and 'CPU only' in dom and 'train-2 (missing)' in dom and '>stopped</span>' in dom
 
 
 def test_an_unreachable_node_exits_4(fleet):

@@ -477,10 +477,10 @@ def test_the_operators_walkthrough_from_the_copied_example_to_a_clean_drift_from
     shutil.copy(creds['ca_path'], mine / 'pve-root-ca.pem')
     fleet_file = mine / 'group_vars' / 'all' / 'fleet.yml'
     fleet = yaml.safe_load(fleet_file.read_text())
-    for n, entry in enumerate(fleet['gpufleet_containers']):
-        entry.update(node={'gpu01': 'pve1', 'util01': 'pve3'}[entry['node']], cores=1, memory=2048, rootfs=8,
-                     net='name=eth0,bridge=vmbr0,ip=10.77.0.{0}/24,gw=10.77.0.1'.format(180 + n))
-        cluster['pve'].made.append(entry['vmid'])
+    for n, item in enumerate(fleet['gpufleet_containers']):
+        item.update(node={'gpu01': 'pve1', 'util01': 'pve3'}[item['node']], cores=1, memory=2048, rootfs=8,
+                    net='name=eth0,bridge=vmbr0,ip=10.77.0.{0}/24,gw=10.77.0.1'.format(180 + n))
+        cluster['pve'].made.append(item['vmid'])
     fleet.update(gpufleet_storage='local-lvm', torch_venv_profile='cpu', torch_venv_offline=True)
     fleet_file.write_text(yaml.safe_dump(fleet))
     # section 3: the doctor, then the first run

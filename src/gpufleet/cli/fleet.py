@@ -18,12 +18,13 @@ import shlex
 import sys
 import time
 
-from . import metrics, secrets, show
+from . import metrics, report, secrets, show
 
 CLEAN, ERROR, DRIFT, UNREACHABLE = 0, 1, 2, 4
 CONTAINERS_GROUP = 'gpufleet_containers'  # the gpu_container role's gpu_container_group
 PLAYBOOKS = {'up': 'gpufleet.proxmox.site', 'drift': 'gpufleet.proxmox.drift', 'verify': 'gpufleet.proxmox.verify',
              'doctor': 'gpufleet.proxmox.doctor'}
+RESULT = 'result.json'  # a run's result in its artifacts
 KEEP_RUNS = 20
 
 
@@ -173,12 +174,26 @@ def this_run(summary, ident):
 
 
 def run(args):
+    """up, drift, verify, doctor: the run, its result printed (JSON with --json, else a table), its exit code."""
+    result = execute(args)
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        show.render(result)
+    return result['exit_code']
+
+
+def execute(args, command=None):
+    """Run the command's playbook (command: args.command's unless given) through ansible-runner, with live progress
+    unless args.json; its result (outcome's or doctor_outcome's, with the run's artifacts, reports, start and end),
+    scrubbed of secrets and kept as result.json in the run's artifacts, where `gpufleet report` finds it."""
     import ansible_runner
 
+    command = command or args.command
     os.umask(0o077)
     started = time.time()
     home = private_dir(os.path.abspath(os.path.expanduser(args.artifacts or default_home())))
-    ident = '{0}-{1}-{2}'.format(time.strftime('%Y%m%dT%H%M%S'), args.command, os.getpid())
+    ident = '{0}-{1}-{2}'.format(time.strftime('%Y%m%dT%H%M%S'), command, os.getpid())
     reports = os.path.join(home, 'artifacts', ident, 'reports')
     env = dict(os.environ, PATH=bin_dir() + os.pathsep + os.environ.get('PATH', ''), GPUFLEET_REPORT_DIR=reports,
                GPUFLEET_RUN_ID=ident)
@@ -190,29 +205,29 @@ def run(args):
     fix = getattr(args, 'fix', False)
     limit = node_limit(args.node) if args.node else args.limit
     cmdline = ansible_options(args)
-    if args.command == 'drift' and not fix:
+    if command == 'drift' and not fix:
         cmdline += ['--check', '--diff']
     progress = show.Progress(scrubber.text, verbose=args.verbose, quiet=args.json)
     with progress:
         r = ansible_runner.run(
-            private_data_dir=home, project_dir=os.getcwd(), ident=ident, playbook=PLAYBOOKS[args.command],
+            private_data_dir=home, project_dir=os.getcwd(), ident=ident, playbook=PLAYBOOKS[command],
             cmdline=shlex.join(cmdline), limit=limit, forks=args.forks, verbosity=args.verbose or None,
             envvars=dict(ansible_settings(), PATH=env['PATH'], GPUFLEET_REPORT_DIR=reports, GPUFLEET_RUN_ID=ident),
             quiet=True,
             event_handler=progress.event, rotate_artifacts=KEEP_RUNS, suppress_env_files=True)
-    if args.command == 'doctor':
+    ended = time.time()
+    if command == 'doctor':
         result = doctor_outcome(r.status, r.rc, r.stats, read_json(os.path.join(reports, 'doctor.json')))
     else:
         summary = this_run(read_json(os.path.join(reports, 'summary.json')), ident)
-        result = outcome(args.command, fix, r.status, r.rc, r.stats, summary,
+        result = outcome(command, fix, r.status, r.rc, r.stats, summary,
                          read_json(os.path.join(reports, 'drift', 'summary.json')))
         result['node_info'] = (summary or {}).get('nodes') or {}
     if r.stats is None:
         tail = scrubber.text(''.join(r.stdout.readlines()[-20:]))
         show.error('ansible-playbook did not run its plays:\n' + tail)
     artifacts = os.path.join(home, 'artifacts', ident)
-    result['artifacts'] = artifacts
-    result['reports'] = reports
+    result.update(artifacts=artifacts, reports=reports, started=round(started, 3), ended=round(ended, 3))
     # This run's files only: the runs before it were scrubbed when they ended. Anything ansible-runner put
     # beside the runs (inputs under the private directory) is scrubbed too.
     scrubber.tree(artifacts)
@@ -224,19 +239,17 @@ def run(args):
     result['scrubbed'] = scrubber.count
     if getattr(args, 'metrics', None):
         try:
-            result['metrics'] = metrics.write(args.metrics, result, metrics.command_label(args.command, fix), started)
+            result['metrics'] = metrics.write(args.metrics, result, metrics.command_label(command, fix), started, ended)
         except (IOError, OSError) as e:
             show.error('the metrics could not be written to {0}: {1}'.format(args.metrics, e))
             result['exit_code'] = result['exit_code'] or ERROR
-    if args.json:
-        print(json.dumps(result, indent=2, sort_keys=True))
-    else:
-        show.render(result)
-    return result['exit_code']
+    with open(os.path.join(artifacts, RESULT), 'w') as fh:
+        json.dump(result, fh, indent=2, sort_keys=True)
+    return result
 
 
 def add_parsers(sub):
-    """The up, drift and verify subcommands with their common options."""
+    """The up, drift, verify, doctor and report subcommands with their common options."""
     common = dict(
         inventory=(('-i', '--inventory'), dict(action='append', metavar='INVENTORY',
                                                help='inventory path (repeatable); default: ansible.cfg\'s')),
@@ -256,14 +269,18 @@ def add_parsers(sub):
              'drift': 'report drift (check mode); --fix repairs it and verifies',
              'verify': 'verify every container (read only)',
              'doctor': 'before a first run: check SSH, pct, the API logins, nodes, templates, storage, drivers and '
-                       'packages, and what a run would change; each failing check with its fix (changes nothing)'}
+                       'packages, and what a run would change; each failing check with its fix (changes nothing)',
+             'report': 'the fleet as one HTML page (--html FILE): each node\'s GPUs and who holds them, each '
+                       'container\'s versions, verdict and drift; from the last run, or from a drift check now (-i)'}
     codes = __doc__.split('\n\n')[1]
-    for name in ('up', 'drift', 'verify', 'doctor'):
+    for name in ('up', 'drift', 'verify', 'doctor', 'report'):
         # only drift runs write a drift report: up and verify never exit 2
         own = codes if name == 'drift' else '\n'.join(line for line in codes.split('\n') if not line.startswith('    2 '))
         if name == 'doctor':
             own = ('    0  ready: every check passed\n    1  not ready (a check failed; each says its fix), or the doctor '
                    'could not run')
+        if name == 'report':
+            own = '    0  the page was written (or the table shown)\n    1  no run to report on'
         p = sub.add_parser(name, help=helps[name], description=helps[name] + '.\n\nexit codes:\n' + own,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         scope = p.add_mutually_exclusive_group()  # --node is a --limit spelled by node
@@ -271,7 +288,11 @@ def add_parsers(sub):
             (scope if dest in ('limit', 'node') else p).add_argument(*flags, dest=dest, **kw)
         if name == 'drift':
             p.add_argument('--fix', action='store_true', help='repair the drift (a plain drift.yml run)')
-        if name != 'doctor':
+        if name in ('up', 'drift', 'verify'):
             p.add_argument('--metrics', metavar='FILE', help='write the fleet\'s metrics to FILE for node_exporter\'s '
                            'textfile collector (Prometheus text format, replaced atomically; docs/operators.md)')
+        if name == 'report':
+            p.add_argument('--html', metavar='FILE', help='write the page to FILE (without it, the run\'s table)')
+            p.set_defaults(func=report.command)
+            continue
         p.set_defaults(func=run)
