@@ -50,9 +50,10 @@ def fleet(tmp_path_factory, creds, lab):
     fleet_file = tmp / 'fleet.json'
     fleet_file.write_text(json.dumps({'gpufleet_containers': [entry(VMID, 'cli-a', [0], memory=2048)]}))
     home = tmp / 'home'
-    up = gpufleet(home, fleet_file, 'up', '--json')
+    up = gpufleet(home, fleet_file, 'up', '--json', '--metrics', str(tmp / 'up.prom'))
     result = as_json(up)
     assert up.returncode == 0 and result['exit_code'] == 0, (result['verdict'], up.stderr[-3000:])
+    assert ran(metric_values(tmp / 'up.prom'), 'up') == (0, True, True)
     yield {'pve': pve, 'file': fleet_file, 'home': home, 'up': result, 'creds': creds}
     pve.cleanup()
 
@@ -88,6 +89,13 @@ def test_drift_exit_codes_check_then_fix(fleet):
     assert [(i['stage'], i['item'], i['before'], i['after']) for i in result['containers'][0]['drift']] == \
         [('container', 'cores', 2, 1)]
     assert pve.ct(VMID).config.get()['cores'] == 2  # the check changed nothing
+
+    # and on the page of that run
+    page = fleet['home'].parent / 'drift.html'
+    shown = subprocess.run([os.path.join(BIN, 'gpufleet'), 'report', '--artifacts', str(fleet['home']), '--html',
+                            str(page)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and 'drift: 1 item(s) found' in shown.stdout, shown.stderr
+    assert '<li>container cores: config cores differs</li>' in chromium('--dump-dom', page.as_uri())
 
     table = gpufleet(fleet['home'], fleet['file'], 'drift')  # the same, as lines (stdout is not a terminal)
     assert table.returncode == 2
