@@ -243,6 +243,7 @@ def execute(args, command=None):
         except (IOError, OSError) as e:
             show.error('the metrics could not be written to {0}: {1}'.format(args.metrics, e))
             result['exit_code'] = result['exit_code'] or ERROR
+    os.makedirs(artifacts, exist_ok=True)  # ansible-runner makes it, unless it could not start at all
     with open(os.path.join(artifacts, RESULT), 'w') as fh:
         json.dump(result, fh, indent=2, sort_keys=True)
     return result
