@@ -9,6 +9,7 @@ drift items. The run's command, verdict and time head the page.
 
 import glob
 import html
+import json
 import os
 import time
 
@@ -148,7 +149,6 @@ def page(result):
 
 def last_result(home):
     """The result of the newest run kept under home that has one (up, drift, verify; not the doctor's), or None."""
-    import json
     found = sorted(glob.glob(os.path.join(home, 'artifacts', '*', 'result.json')), key=os.path.getmtime)
     for path in reversed(found):
         try:

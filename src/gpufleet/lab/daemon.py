@@ -340,8 +340,13 @@ class LabPve(FakePve):
     async def _lxc_create(self, user, v):
         if v.get('node') in self.backends:
             self.check_devices(v['node'], v)
-        self._creating[int(v['vmid'])] = v.get('ostemplate')
-        return await super()._lxc_create(user, v)
+        vmid = int(v['vmid'])
+        self._creating[vmid] = v.get('ostemplate')
+        try:
+            return await super()._lxc_create(user, v)
+        except PveError:
+            self._creating.pop(vmid, None)  # refused before its task: nothing to unpack
+            raise
 
     # -- each node's own `local` -----------------------------------------------
     # fakepve's storages are the cluster's: one list of volumes for every node. PVE's `local` is a dir storage on
