@@ -39,9 +39,46 @@ def _whole(value):
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# A GPU named as nvidia-smi -L and --query-gpu=uuid,pci.bus_id name it: its UUID, or its PCI bus id (domain optional).
+GPU_UUID = re.compile(r'^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$', re.I)
+PCI_BUS_ID = re.compile(r'^(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$', re.I)
+
+
+def gpu_key(value):
+    """How a GPU named by UUID or PCI bus id is known (the UUID lowercased; the bus id's numbers, so that
+    00000000:3B:00.0, 0000:3b:00.0 and 3b:00.0 are one GPU), or None for anything else."""
+    if not isinstance(value, str):
+        return None
+    if GPU_UUID.match(value):
+        return value.lower()
+    m = PCI_BUS_ID.match(value)
+    return tuple(int(part or '0', 16) for part in m.groups()) if m else None
+
+
+def named_gpus(gpus):
+    """{gpu_key: index} of a node's GPUs (its gpu_devices entries, with uuid and pci_bus_id where nvidia-smi said)."""
+    out = {}
+    for g in gpus or []:
+        for name in (g.get('uuid'), g.get('pci_bus_id')):
+            if gpu_key(name) is not None and g.get('index') is not None:
+                out[gpu_key(name)] = g['index']
+    return out
+
+
+def by_index(entry, names):
+    """The entry with each GPU it names by UUID or PCI bus id given as the index its node has for it now (names:
+    named_gpus of its node). A GPU that moved (a card swapped, the numbering changed) is followed by its name; a
+    name the node does not have stays, for errors() to say so."""
+    gpus = entry.get('gpus') if isinstance(entry, dict) else None
+    if not isinstance(gpus, list) or not any(gpu_key(g) is not None for g in gpus):
+        return entry
+    return dict(entry, gpus=[names.get(gpu_key(g), g) if gpu_key(g) is not None else g for g in gpus])
+
+
 def _gpu_indexes(value):
-    """A list of GPU indexes or 'all'."""
-    return value == 'all' or (isinstance(value, list) and all(_whole(g) and g >= 0 for g in value))
+    """A list of GPUs, each an index or a UUID or PCI bus id, or 'all'."""
+    return value == 'all' or (isinstance(value, list) and all(
+        (_whole(g) and g >= 0) or gpu_key(g) is not None for g in value))
 
 
 # One check per key of an entry: (key, value) -> what is wrong with the value, or None. Each runs where the entry
@@ -132,7 +169,8 @@ def _rootfs(key, value):
 
 def _gpus(key, value):
     if not _gpu_indexes(value):
-        return "must be a list of GPU indexes or 'all', got {0!r}".format(value)
+        return ("must be a list of GPUs (each an index as nvidia-smi counts them, a UUID GPU-... or a PCI bus id "
+                "such as 0000:3b:00.0) or 'all', got {0!r}".format(value))
     if isinstance(value, list) and len(set(value)) != len(value):
         return 'lists a GPU twice: {0}'.format(value)
     return None
@@ -205,7 +243,7 @@ def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, pas
         for key, check in ENTRY_CHECKS:
             if key in entry or key in REQUIRED_KEYS:
                 problems.append((key, check(key, entry.get(key)) or across(key, entry.get(key), i)))
-        if _gpu_indexes(entry.get('gpus', [])):
+        if not _gpus('gpus', entry.get('gpus', [])):
             node = entry.get('node')
             node_gpus = nodes.get(node) if isinstance(node, str) else None
             for g in gpu_list(entry, node_gpus) if node_gpus is not None else []:
@@ -280,11 +318,14 @@ class Fleet(object):
 
     def __init__(self, containers, nodes, defaults=None, passthrough='auto', gpu_sharing=False, driver_mount='',
                  override=None, gpu_mode=GPU_MODE, gpu_gid=None, tag='', remove_confirm=None):
-        self.containers = containers
+        self.nodes = nodes or {}
+        # GPUs named by UUID or PCI bus id, as the indexes their nodes have for them in this run
+        self.containers = [by_index(e, named_gpus(self.nodes.get(e.get('node'), {}).get('gpus')))
+                           if isinstance(e, dict) and isinstance(e.get('node'), str) else e
+                           for e in containers] if isinstance(containers, list) else containers
         # the vmids of entries with state absent that the run may destroy (None: a check run, which destroys none)
         self.remove_confirm = None if remove_confirm is None else set(remove_confirm)
         self.tag = tag or ''  # the fleet's tag, on every container of it (orphans are found by it)
-        self.nodes = nodes or {}
         self.defaults = defaults or {}
         self.passthrough = passthrough or 'auto'
         self.gpu_sharing = bool(gpu_sharing)

@@ -64,6 +64,18 @@ def test_two_containers_each_see_only_their_gpus(tmp_path, pve, control):
     assert control.mutating_requests() == []
 
 
+def test_gpus_named_by_uuid_and_bus_id_get_those_cards(tmp_path, pve):
+    """A fleet entry naming its GPUs as nvidia-smi does (a UUID, a PCI bus id) gets those cards' device nodes: the
+    lab's GPU 5 by its UUID and GPU 6 by its bus id (domain left out), each at the minor its driver gave it."""
+    fleet = [entry(313, 'train-named', ['GPU-1ab0c0de-0000-4000-8000-000000000005', '78:00.0'])]
+    pve.made.append(313)
+    first = site(tmp_path, fleet)
+    assert first.rc == 0, first.stdout[-4000:]
+    assert devices_seen(313) == dict(CONTROL, **{gpu_node(5): 'ENXIO', gpu_node(6): 'ENXIO'})
+    second = site(tmp_path, fleet)  # the names are the same cards again: nothing to change
+    assert second.rc == 0 and all(s['changed'] == 0 for s in second.stats.values()), second.stats
+
+
 def test_check_mode_on_a_new_fleet_changes_nothing(tmp_path, pve, control):
     control.clear_requests()
     r = site(tmp_path, [entry(313, 'dry-run', [0])], '--check', '--diff')
@@ -132,7 +144,10 @@ BAD = [
                          {'vmid': 322, 'hostname': 'b', 'node': 'pve1', 'gpus': [1]}],
      'containers[1] (vmid 322).gpus: GPU 1 of node pve1 is already given to containers[0]'),
     ('GPU listed twice', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'gpus': [2, 2]}], 'gpus: lists a GPU twice'),
-    ('gpus not a list', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'gpus': 'first'}], ".gpus: must be a list of GPU indexes or 'all'"),
+    ('gpus not a list', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'gpus': 'first'}], ".gpus: must be a list of GPUs (each an index"),
+    ('GPU name the node lacks', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1',
+                                  'gpus': ['GPU-1ab0c0de-0000-4000-8000-000000000099']}],
+     'node pve1 has no GPU GPU-1ab0c0de-0000-4000-8000-000000000099 (it has [0, 1, 2, 3, 4, 5, 6, 7])'),
     ('negative memory', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'memory': -1}], '.memory: must be a whole number of at least 16'),
     ('cores not a number', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'cores': 'many'}], '.cores: must be a whole number'),
     ('unprivileged not a bool', [{'vmid': 321, 'hostname': 'a', 'node': 'pve1', 'unprivileged': 'yes'}], '.unprivileged: must be true or false'),

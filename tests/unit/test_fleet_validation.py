@@ -33,7 +33,8 @@ def test_every_key_checked_in_order_unknown_keys_first():
         "containers[0] (vmid x).searchdomain: must be a string (space-separated for several), got ['a']",
         "containers[0] (vmid x).net: 'name=eth0' names no bridge (bridge=vmbr0)",
         'containers[0] (vmid x).rootfs: a size in GiB or a PVE volume spec, got 0',
-        "containers[0] (vmid x).gpus: must be a list of GPU indexes or 'all', got 'first'",
+        "containers[0] (vmid x).gpus: must be a list of GPUs (each an index as nvidia-smi counts them, a UUID GPU-... "
+        "or a PCI bus id such as 0000:3b:00.0) or 'all', got 'first'",
         "containers[0] (vmid x).gpu_mode: must be an octal mode as a string, as '0666' or '0660', got 666",
         'containers[0] (vmid x).gpu_gid: must be a group id of the container (a whole number, 0 or more), got -1',
     ]
@@ -112,3 +113,39 @@ def test_a_node_that_is_not_a_name_is_a_problem_not_a_crash():
         assert problems == ['containers[0] (vmid 200).node: must be the name of a node, got {0!r}'.format(node)]
     assert _fleet.errors([{'vmid': 200, 'hostname': 'a', 'node': [], 'gpus': [0]}], nodes) == [
         'containers[0] (vmid 200).node: required']
+
+
+def gpu(index, minor):
+    return {'index': index, 'minor': minor, 'uuid': 'GPU-1ab0c0de-0000-4000-8000-{0:012d}'.format(index),
+            'pci_bus_id': '00000000:{0:02X}:00.0'.format(0x18 + index * 0x10)}
+
+
+def test_gpus_named_by_uuid_or_bus_id_are_their_nodes_indexes_this_run():
+    node = {'indexes': [0, 1, 2, 3], 'minors': {0: 3, 1: 2, 2: 1, 3: 0}, 'gpus': [gpu(i, 3 - i) for i in range(4)]}
+    fleet = [{'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'gpus': ['GPU-1AB0C0DE-0000-4000-8000-000000000002', 0]},
+             {'vmid': 201, 'hostname': 'b', 'node': 'gpu01', 'gpus': ['0000:28:00.0', '48:00.0']}]
+    plan = _fleet.Fleet(fleet, {'gpu01': node})
+    plan.check()
+    assert [plan.gpus_of(e) for e in plan.containers] == [[2, 0], [1, 3]]
+    # their device nodes are the minors of those cards
+    assert plan.hosts()[200]['gpus'] == [2, 0] and [g['index'] for g in plan.hosts()[201]['gpu_info']] == [1, 3]
+    # the cards renumbered (the card at index 2 is now at index 0 and the other way round): a name follows its card,
+    # an index stays a position
+    named = {'vmid': 202, 'hostname': 'c', 'node': 'gpu01', 'gpus': ['GPU-1ab0c0de-0000-4000-8000-000000000002', 3]}
+    swapped = dict(node, gpus=[dict(gpu(i, 3 - i), uuid=gpu({0: 2, 2: 0}.get(i, i), 0)['uuid']) for i in range(4)])
+    assert [_fleet.Fleet([named], {'gpu01': n}).containers[0]['gpus'] for n in (node, swapped)] == [[2, 3], [0, 3]]
+
+
+def test_a_gpu_name_the_node_lacks_or_one_card_twice_is_refused_before_anything_changes():
+    node = {'indexes': [0, 1], 'minors': {0: 1, 1: 0}, 'gpus': [gpu(0, 1), gpu(1, 0)]}
+    fleet = [{'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'gpus': ['GPU-1ab0c0de-0000-4000-8000-000000000009']},
+             {'vmid': 201, 'hostname': 'b', 'node': 'gpu01', 'gpus': [1, '00000000:28:00.0']},
+             {'vmid': 202, 'hostname': 'c', 'node': 'gpu01', 'gpus': ['GPU-nope']}]
+    with pytest.raises(_fleet.FleetError) as e:
+        _fleet.Fleet(fleet, {'gpu01': node}).check()
+    assert e.value.problems == [
+        'containers[0] (vmid 200).gpus: node gpu01 has no GPU GPU-1ab0c0de-0000-4000-8000-000000000009 (it has [0, 1])',
+        'containers[1] (vmid 201).gpus: lists a GPU twice: [1, 1]',
+        "containers[2] (vmid 202).gpus: must be a list of GPUs (each an index as nvidia-smi counts them, a UUID GPU-... "
+        "or a PCI bus id such as 0000:3b:00.0) or 'all', got ['GPU-nope']",
+    ]
