@@ -6,6 +6,7 @@ import subprocess
 import pytest
 
 from conftest import gpu_node, run_playbook, site
+from gpufleet.lab import manager
 
 pytestmark = pytest.mark.lab
 
@@ -74,6 +75,33 @@ def test_gpus_named_by_uuid_and_bus_id_get_those_cards(tmp_path, pve):
     assert devices_seen(313) == dict(CONTROL, **{gpu_node(5): 'ENXIO', gpu_node(6): 'ENXIO'})
     second = site(tmp_path, fleet)  # the names are the same cards again: nothing to change
     assert second.rc == 0 and all(s['changed'] == 0 for s in second.stats.values()), second.stats
+
+
+def test_a_gpu_named_by_uuid_follows_its_card_when_cards_swap_slots(tmp_path, pve, lab):
+    """Cards 2 and 5 of pve1 swap slots in a maintenance (the node down, then up): a container that names card 5 by
+    its UUID is drift in a check run (its devN is the card's old slot's), and a repair gives it the card's new device
+    node; a container given index 3 keeps slot 3, whatever card is in it, as an index says."""
+    from test_drift import drift, summary
+    card5 = 'GPU-1ab0c0de-0000-4000-8000-000000000005'
+    fleet = [entry(314, 'by-card', [card5]), entry(315, 'by-slot', [3])]
+    pve.made.extend([314, 315])
+    assert site(tmp_path, fleet).rc == 0
+    assert devices_seen(314) == dict(CONTROL, **{gpu_node(5): 'ENXIO'})
+    try:
+        manager.swap_gpus(lab, 'pve1', 2, 5, say=lambda msg: None)
+        check = drift(tmp_path, fleet, '--check', '--diff', '--skip-tags', 'venv,verify')
+        assert check.rc == 0, check.stdout[-3000:]
+        items = dict((h, sorted(i['item'] for i in found)) for h, found in summary(tmp_path)['containers'].items())
+        assert 'dev0' in items['by-card'] and 'dev0' not in items['by-slot'], items
+        # the containers started again at boot (onboot), by-card on slot 5's card: the new devN waits for a restart,
+        # which the repair makes where it is told to
+        fixed = drift(tmp_path, fleet, '--skip-tags', 'venv,verify', '-e', 'gpu_container_restart_on_pending=true')
+        assert fixed.rc == 0, fixed.stdout[-3000:]
+        # card 5 is in slot 2 now: slot 2's device node, the minor the driver gives that slot
+        assert devices_seen(314) == dict(CONTROL, **{gpu_node(2): 'ENXIO'})
+        assert devices_seen(315) == dict(CONTROL, **{gpu_node(3): 'ENXIO'})
+    finally:
+        manager.swap_gpus(lab, 'pve1', 2, 5, say=lambda msg: None)
 
 
 def test_check_mode_on_a_new_fleet_changes_nothing(tmp_path, pve, control):

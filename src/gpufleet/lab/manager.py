@@ -240,6 +240,15 @@ def reboot_node(lab=None, name=None, say=print):
     return dict(down, **node_up(lab, name, say=say))
 
 
+def swap_gpus(lab=None, name=None, a=0, b=1, say=print):
+    """Two of a node's GPU cards change slots, as in a maintenance that swaps them: the node goes down, the cards
+    move (each slot keeps its bus, index and device minor; the UUIDs move with the cards), and the node boots again
+    (reboot_node's result)."""
+    lab = lab or Lab()
+    host.swap_cards(_node(lab, name), a, b)
+    return reboot_node(lab, name, say=say)
+
+
 def status(lab=None):
     lab = lab or Lab()
     record = lab.record()

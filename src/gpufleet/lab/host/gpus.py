@@ -2,6 +2,7 @@
 driver and nvidia-smi."""
 
 import glob
+import json
 import os
 from ..layout import NODE
 
@@ -69,6 +70,7 @@ NVIDIA_SMI = """#!/bin/sh
 # gpufleet lab: nvidia-smi for the GPU stand-ins (no GPU, no driver behind them).
 version={version}
 count={count}
+cards="{cards}"
 case "$*" in
   *--query-gpu=*)
     fields=$(printf '%s\n' "$@" | sed -n 's/^--query-gpu=//p')
@@ -79,7 +81,7 @@ case "$*" in
         case $f in
           index) v=$i ;;
           pci.bus_id) v=$(printf '00000000:%02X:00.0' $((0x18 + i * 0x10))) ;;
-          uuid) v=$(printf 'GPU-1ab0c0de-0000-4000-8000-%012d' $i) ;;
+          uuid) v=$(printf 'GPU-1ab0c0de-0000-4000-8000-%012d' $(echo $cards | cut -d' ' -f$((i + 1)))) ;;
           name) v="NVIDIA H100 80GB HBM3 (lab stand-in)" ;;
           driver_version) v=$version ;;
           *) v="[N/A]" ;;
@@ -93,6 +95,32 @@ case "$*" in
   *) echo "NVIDIA-SMI $version   Driver Version: $version   (lab stand-in, $count GPUs)" ;;
 esac
 """
+
+
+def cards_file(lab):
+    return os.path.join(lab.node_root, 'gpu-cards.json')
+
+
+def cards(lab):
+    """The serial of the card in each of the node's GPU slots (slot i: PCI bus 0x18 + 0x10 * i, nvidia-smi index i),
+    its UUID's last part: the slot's own number unless cards were swapped (swap_cards)."""
+    try:
+        with open(cards_file(lab)) as fh:
+            serials = json.load(fh)
+    except (IOError, OSError, ValueError):
+        serials = None
+    return serials if isinstance(serials, list) and len(serials) == lab.gpus else list(range(lab.gpus))
+
+
+def swap_cards(lab, a, b):
+    """Swap the cards in slots a and b of the node (what its driver and nvidia-smi say from its next boot on)."""
+    if not (0 <= a < lab.gpus and 0 <= b < lab.gpus):
+        raise LabError('node {0} has GPU slots 0 to {1}, not {2} and {3}'.format(lab.node, lab.gpus - 1, a, b))
+    serials = cards(lab)
+    serials[a], serials[b] = serials[b], serials[a]
+    with open(cards_file(lab), 'w') as fh:
+        json.dump(serials, fh)
+    return serials
 
 
 def device_minor(index, count):
@@ -120,10 +148,12 @@ def write_proc(lab, uvm_major):
         return
     os.makedirs(os.path.join(lab.proc_dir, 'driver', 'nvidia'), exist_ok=True)
     smi = os.path.join(lab.driver_dir, 'bin', 'nvidia-smi')
-    _write(smi, NVIDIA_SMI.format(version=lab.driver_version, count=lab.gpus).encode(), 0o755)
+    serials = cards(lab)
+    _write(smi, NVIDIA_SMI.format(version=lab.driver_version, count=lab.gpus,
+                                  cards=' '.join(str(c) for c in serials)).encode(), 0o755)
     build_driver_libs(os.path.join(lab.driver_dir, 'lib'), lab.driver_version)
     # /proc/driver/nvidia/gpus/<bus>/information: where the driver says each GPU's device minor (/dev/nvidiaN), the
-    # GPU at nvidia-smi's index i sitting on bus 0x18 + 0x10 * i
+    # GPU at nvidia-smi's index i sitting on bus 0x18 + 0x10 * i, the card in that slot named by its UUID
     gpus_dir = os.path.join(lab.proc_dir, 'driver', 'nvidia', 'gpus')
     for i in range(lab.gpus):
         bus = '0000:{0:02x}:00.0'.format(0x18 + i * 0x10)
@@ -131,7 +161,7 @@ def write_proc(lab, uvm_major):
         with open(os.path.join(gpus_dir, bus, 'information'), 'w') as fh:
             fh.write('Model: \t\t NVIDIA H100 80GB HBM3 (lab stand-in)\nGPU UUID: \t GPU-1ab0c0de-0000-4000-8000-{0:012d}\n'
                      'Bus Type: \t PCIe\nBus Location: \t {1}\nDevice Minor: \t {2}\nGPU Excluded:\t No\n'.format(
-                         i, bus, device_minor(i, lab.gpus)))
+                         serials[i], bus, device_minor(i, lab.gpus)))
     with open(os.path.join(lab.proc_dir, 'driver', 'nvidia', 'version'), 'w') as fh:
         fh.write('NVRM version: NVIDIA UNIX x86_64 Kernel Module  {0}  Tue Sep 30 12:00:00 UTC 2025\n'
                  'GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n'.format(lab.driver_version))
