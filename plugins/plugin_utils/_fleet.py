@@ -70,9 +70,10 @@ def by_index(entry, names):
     named_gpus of its node). A GPU that moved (a card swapped, the numbering changed) is followed by its name; a
     name the node does not have stays, for errors() to say so."""
     gpus = entry.get('gpus') if isinstance(entry, dict) else None
-    if not isinstance(gpus, list) or not any(gpu_key(g) is not None for g in gpus):
+    keys = [gpu_key(g) for g in gpus] if isinstance(gpus, list) else []
+    if not any(k is not None for k in keys):
         return entry
-    return dict(entry, gpus=[names.get(gpu_key(g), g) if gpu_key(g) is not None else g for g in gpus])
+    return dict(entry, gpus=[g if k is None else names.get(k, g) for g, k in zip(gpus, keys)])
 
 
 def _gpu_indexes(value):

@@ -7,9 +7,10 @@ commands' run series and the drift of each container where this run did not look
 keep what the last drift run found). docs/operators.md lists the metrics.
 """
 
-import os
 import re
 import time
+
+from . import files
 
 PREFIX = 'gpufleet_'
 
@@ -122,26 +123,12 @@ def render(found):
 
 
 def write(path, result, command, started, ended=None):
-    """Write the run's metrics to path, atomically, readable by the collector (0644), keeping from the file as it
-    was what samples keeps. Returns the path."""
+    """Write the run's metrics to path (files.publish: whole, readable by the collector), keeping from the file as
+    it was what samples keeps. Returns the path."""
     ended = time.time() if ended is None else ended
     try:
         with open(path) as fh:
             before = read(fh.read())
     except (IOError, OSError):
         before = []
-    text = render(samples(result, command, ended, ended - started, before))
-    directory = os.path.dirname(os.path.abspath(path))
-    # not *.prom: the collector reads only those, and never this half-written file
-    part = os.path.join(directory, '.{0}.{1}.tmp'.format(os.path.basename(path), os.getpid()))
-    try:
-        with open(part, 'w') as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(part, 0o644)
-        os.replace(part, path)
-    finally:
-        if os.path.exists(part):
-            os.unlink(part)
-    return path
+    return files.publish(path, render(samples(result, command, ended, ended - started, before)))

@@ -13,7 +13,7 @@ import json
 import os
 import time
 
-from . import show
+from . import files, show
 
 # colours told apart on a white page and in grey print; a container's is its place in the sorted fleet
 # (no red: red is for failed)
@@ -90,8 +90,7 @@ def short_bus(bus):
 def container_row(r, colour):
     state = r.get('state') or ('verified' if r.get('ok') else 'failed')
     gpus = r.get('gpus')
-    drift = ['{0} {1}: {2}'.format(i.get('stage', ''), i.get('item', ''), i.get('detail', '')).strip()
-             for i in r.get('drift') or []]
+    drift = [show.drift_line(i) for i in r.get('drift') or []]
     problems = [] if state == 'verified' else (r.get('failures') or ([r['why']] if r.get('why') else []))
     cells = [
         '<span class="sw" style="background:{0}"></span>{1}'.format(colour.get(r.get('host')), esc(r.get('host'))),
@@ -135,8 +134,7 @@ def page(result):
             parts.append('<div class="grid">{0}</div>'.format(''.join(cells)))
         if node_drift.get(node):
             parts.append('<div>node drift:<ul>{0}</ul></div>'.format(''.join(
-                '<li>{0}</li>'.format(esc('{0} {1}: {2}'.format(i.get('stage', ''), i.get('item', ''),
-                                                               i.get('detail', '')))) for i in node_drift[node])))
+                '<li>{0}</li>'.format(esc(show.drift_line(i))) for i in node_drift[node])))
         if mine:
             parts.append('<table><tr>{0}</tr>{1}</table>'.format(''.join('<th>{0}</th>'.format(h) for h in (
                 'container', 'vmid', 'state', 'torch', 'CUDA', 'driver', 'GPUs', 'why not verified', 'drift')),
@@ -177,10 +175,6 @@ def command(args):
     if not args.html:
         show.render(result)
         return 0
-    part = args.html + '.part'
-    with open(part, 'w') as fh:
-        fh.write(page(result))
-    os.chmod(part, 0o644)
-    os.replace(part, args.html)
+    files.publish(args.html, page(result))
     print('wrote {0}: {1}'.format(args.html, result.get('verdict')))
     return 0

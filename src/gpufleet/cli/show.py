@@ -87,8 +87,13 @@ def _devices(row):
     return '{0}/{1}'.format('-' if seen is None else seen, '-' if want is None else want)
 
 
+def drift_line(item):
+    """One drift item (a container's or a node's) as a line: stage, item, detail."""
+    return '{0} {1}: {2}'.format(item.get('stage', ''), item.get('item', ''), item.get('detail', '')).strip()
+
+
 def _drift_lines(row):
-    return ['{0} {1}: {2}'.format(i['stage'], i['item'], i['detail']) for i in row.get('drift') or []]
+    return [drift_line(i) for i in row.get('drift') or []]
 
 
 def _ok(row):
