@@ -118,19 +118,16 @@ from ansible.module_utils.common.text.converters import to_bytes, to_text
 from ansible.plugins.connection import ConnectionBase
 from ansible.utils.display import Display
 
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pct
+
 display = Display()
 
-# pct exec runs commands as the container's root with a cleared environment: give them root's.
-ROOT_ENV = ['/usr/bin/env', 'HOME=/root', 'USER=root', 'LOGNAME=root', 'SHELL=/bin/sh']
 # What ssh says when the node's sshd turned it away before the command started, so that trying again is safe:
 # a connection dropped while it was being set up (sshd's MaxStartups, 10:30:100 by default, drops new connections
 # at random past 10 unauthenticated ones: "kex_exchange_identification: Connection closed by remote host" or
 # "... read: Connection reset by peer"), a session refused on a shared connection (MaxSessions: "Session open
 # refused by peer", where ssh does not open its own connection instead).
 TURNED_AWAY = ('kex_exchange_identification', 'Session open refused by peer')
-# lxc-attach re-executes itself from a sealed memfd before it attaches (lxc src/lxc/rexec.c); sealing can fail for a
-# moment with EBUSY while the copy's pages are still referenced. Nothing ran in the container then.
-NOT_STARTED = ('Failed to rexec as memfd',)
 
 
 def remote_path(path):
@@ -149,7 +146,7 @@ class Connection(ConnectionBase):
         self._connected = False
 
     # -- plumbing ------------------------------------------------------------------
-    def _vmid(self):
+    def vmid(self):
         vmid = self.get_option('vmid')
         if vmid is None:
             addr = self._play_context.remote_addr
@@ -165,7 +162,7 @@ class Connection(ConnectionBase):
         node = self.get_option('node')
         if not node:
             raise AnsibleError('pct connection: set ansible_pct_node (the node of CT {0}) or ansible_pct_local'.format(
-                self._vmid()))
+                self.vmid()))
         cp_dir = os.path.expanduser(self.get_option('control_path_dir'))
         if not os.path.isdir(cp_dir):
             os.makedirs(cp_dir, 0o700)
@@ -187,7 +184,7 @@ class Connection(ConnectionBase):
 
     def _argv(self, container_argv):
         """The local argv that runs container_argv in the container."""
-        pct = [self.get_option('pct_executable'), 'exec', str(self._vmid()), '--'] + list(container_argv)
+        pct = _pct.exec_argv(self.get_option('pct_executable'), self.vmid(), container_argv)
         if self.get_option('local'):
             return pct
         return self._ssh_argv() + ['--', ' '.join(shlex.quote(a) for a in pct)]
@@ -210,27 +207,31 @@ class Connection(ConnectionBase):
             out, err = proc.communicate(stdin if isinstance(stdin, bytes) else None)
             said = to_text(err, errors='replace').strip()
             turned_away = proc.returncode == 255 and not self.get_option('local') and any(m in said for m in TURNED_AWAY)
-            not_started = proc.returncode != 0 and not out and any(m in said for m in NOT_STARTED)
+            not_started = _pct.not_started(proc.returncode, out, said)
             if not (turned_away or not_started) or attempt == retries:
                 break
-            pause = min(8.0, 0.25 * 2 ** attempt) * (0.5 + random.random())
+            pause = _pct.retry_pause(attempt, random.random())
             display.vvv('PCT: {0} turned the command away ({1}); again in {2:.1f} s'.format(self._where(), said, pause),
                         host=self._play_context.remote_addr)
             time.sleep(pause)
         if not_started:
             raise AnsibleConnectionFailure('pct exec of CT {0} on {1} failed before the command started, {2} times: '
-                                           '{3}'.format(self._vmid(), self._where(), retries + 1, said))
+                                           '{3}'.format(self.vmid(), self._where(), retries + 1, said))
         if turned_away:
             raise AnsibleConnectionFailure(
                 '{0} turned CT {1}\'s command away {2} times: {3} (its sshd\'s MaxStartups or MaxSessions; fewer forks, '
-                'or more ansible_pct_retries)'.format(self._where(), self._vmid(), retries + 1, said))
-        self._check(proc.returncode, err)
+                'or more ansible_pct_retries)'.format(self._where(), self.vmid(), retries + 1, said))
+        self.check(proc.returncode, err)
         return proc.returncode, out or b'', err
 
-    def _check(self, rc, err):
+    def container_argv(self, cmd):
+        """What runs a command line of Ansible's in the container (after pct exec <vmid> --)."""
+        return _pct.shell_argv(to_text(cmd, errors='surrogate_or_strict'))
+
+    def check(self, rc, err):
         """Turn the node's or pct's own failures into connection errors that say what is wrong."""
         text = to_text(err, errors='surrogate_or_strict')
-        vmid = self._vmid()
+        vmid = self.vmid()
         # pve-container src/PVE/CLI/pct.pm exec: die "container '$vmid' not running!"
         if "container '{0}' not running!".format(vmid) in text:
             raise AnsibleConnectionFailure('CT {0} on {1} is not running: start it first'.format(vmid, self._where()))
@@ -253,8 +254,7 @@ class Connection(ConnectionBase):
 
     def exec_command(self, cmd, in_data=None, sudoable=True):
         super(Connection, self).exec_command(cmd, in_data=in_data, sudoable=sudoable)
-        rc, out, err = self._run(ROOT_ENV + ['/bin/sh', '-c', to_text(cmd, errors='surrogate_or_strict')],
-                                 stdin=to_bytes(in_data) if in_data is not None else b'')
+        rc, out, err = self._run(self.container_argv(cmd), stdin=to_bytes(in_data) if in_data is not None else b'')
         return rc, out, err
 
     def put_file(self, in_path, out_path):
@@ -266,7 +266,7 @@ class Connection(ConnectionBase):
             rc, out, err = self._run(['/bin/sh', '-c', 'cat > "$1"', 'sh', remote_path(out_path)], stdin=fh)
         if rc != 0:
             raise AnsibleError('failed to put {0} into CT {1} at {2}: {3}'.format(
-                in_path, self._vmid(), out_path, to_text(err).strip()))
+                in_path, self.vmid(), out_path, to_text(err).strip()))
 
     def fetch_file(self, in_path, out_path):
         super(Connection, self).fetch_file(in_path, out_path)
@@ -281,7 +281,7 @@ class Connection(ConnectionBase):
         if rc != 0:
             os.unlink(tmp)
             raise AnsibleError('failed to fetch {0} from CT {1}: {2}'.format(
-                in_path, self._vmid(), to_text(err).strip()))
+                in_path, self.vmid(), to_text(err).strip()))
         os.rename(tmp, out_path)
 
     def close(self):

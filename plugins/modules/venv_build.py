@@ -171,6 +171,15 @@ options:
         description: Fail when the container does not load exactly O(driver.node_version).
         type: bool
         default: false
+  defer:
+    description:
+      - In a check run of a container reached with the P(gpufleet.proxmox.pct#connection) connection over SSH (the
+        module pipelined), record the call for the container's node instead of running it; the result is then
+        C(deferred). M(gpufleet.proxmox.pct_batch) on the node runs the node's recorded calls in one connection,
+        and M(gpufleet.proxmox.pct_batch_result) gives each container its call's result, as if it had run here.
+      - Taken by the action plugin; elsewhere (not a check run, another connection) the call runs as usual.
+    type: bool
+    default: false
 '''
 
 EXAMPLES = r'''
@@ -187,6 +196,12 @@ EXAMPLES = r'''
 '''
 
 RETURN = r'''
+deferred:
+  description:
+    - With O(defer), where the call was recorded for the node (no other key then) - the module, its arguments, the
+      container's node and vmid, the command and where its input is kept on the controller.
+  returned: when deferred
+  type: dict
 id:
   description: The active venv's id after the run.
   returned: success
@@ -275,7 +290,7 @@ def main():
         python_version=dict(type='str'), meta=dict(type='dict', default={}), lock_content=dict(type='str'),
         uv_version=dict(type='str'), uv_find_links=dict(type='path'), audit=dict(type='bool', default=False),
         repair=dict(type='bool', default=False), link_mode=dict(type='str', default='copy', choices=['copy', 'hardlink']),
-        audit_mode=dict(type='str', default='fast', choices=['fast', 'full']),
+        audit_mode=dict(type='str', default='fast', choices=['fast', 'full']), defer=dict(type='bool', default=False),
         driver=dict(type='dict', options=dict(
             node_version=dict(type='str', required=True),
             mode=dict(type='str', choices=['bind', 'read'], default='bind'),

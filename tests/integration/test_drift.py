@@ -122,6 +122,61 @@ def host_report(tmp_path, host):
     return json.loads((tmp_path / 'reports' / (host + '.json')).read_text())
 
 
+BUILD = "Build the lock's venv beside the active one, switch to it, audit the active venv and repair it"
+TAKE = "Take the container's venv read from its node's call"
+
+
+def test_a_check_reads_each_nodes_venvs_in_one_call_and_says_what_each_container_would(fleet, tmp_path):
+    """In a check run each container's venv_build call is recorded and its node runs them all in one call
+    (torch_venv_batch); the check reports what the containers' own calls report (torch_venv_batch=false), the
+    findings and a failure alike."""
+    uninstall = '/opt/gpufleet/uv/0.13.9/bin/uv pip uninstall --python /root/venv/bin/python fake-rt-cu13'
+    assert sh(A, uninstall).returncode == 0  # the incident again
+
+    def items():
+        return sorted((h, i['stage'], i['item'], i.get('detail')) for h, found in summary(tmp_path)['containers'].items()
+                      for i in found)
+
+    def step(run, host, name):
+        (found,) = [t for t in run.tasks(host) if t['task'].endswith(name)]
+        return found
+
+    batched = drift(tmp_path, fleet['fleet'], '--check')
+    assert batched.rc == 0, batched.stdout[-3000:]
+    node = step(batched, 'pve1', "Read this node's containers' venvs in one call to the node (the calls they recorded)")
+    assert sorted(node['runs']) == ['drift-a', 'drift-b']
+    assert all('deferred' in step(batched, h, BUILD) for h in ('drift-a', 'drift-b'))
+    took = step(batched, 'drift-a', TAKE)
+    assert took['audit']['healthy'] is False and took['changed'] is True
+    found = items()
+    assert ('drift-a', 'venv', 'missing_package') in [i[:3] for i in found], found
+
+    direct = drift(tmp_path, fleet['fleet'], '--check', '-e', 'torch_venv_batch=false')
+    assert direct.rc == 0, direct.stdout[-3000:]
+    assert step(direct, 'pve1', "Read this node's containers' venvs in one call to the node (the calls they recorded)"
+                ).get('skipped')
+    built = step(direct, 'drift-a', BUILD)
+    assert 'deferred' not in built and built['audit']['findings'] == took['audit']['findings']
+    assert items() == found
+
+    # a container whose module cannot run (its python gone): the same failure, from the node's call or its own
+    assert sh(B, 'mv /usr/bin/python3 /usr/bin/python3.away').returncode == 0
+    try:
+        failures = []
+        for run, name in ((drift(tmp_path, fleet['fleet'], '--check'), TAKE),
+                          (drift(tmp_path, fleet['fleet'], '--check', '-e', 'torch_venv_batch=false'), BUILD)):
+            failed = step(run, 'drift-b', name)
+            assert failed.get('failed'), failed
+            failures.append(failed['msg'])
+            assert not step(run, 'drift-a', name).get('failed')
+        assert failures[0] == failures[1] and '/usr/bin/python3' in failures[0], failures
+    finally:
+        sh(B, 'mv /usr/bin/python3.away /usr/bin/python3')
+    fix = drift(tmp_path, fleet['fleet'])
+    assert fix.rc == 0, fix.stdout[-3000:]
+    assert flavour() == 'cu13'
+
+
 def test_a_check_reuses_the_last_verification_only_while_what_it_saw_holds(fleet, tmp_path):
     recorded = json.loads(sh(A, 'cat /root/venv/gpufleet-verified.json').stdout)
     # nothing changed since the last passing verification: the check reuses it (no torch import)
@@ -167,11 +222,13 @@ def test_check_reports_the_nodes_uvm_and_share_and_a_containers_driver_then_a_ru
         (driver,) = [i for i in report['containers']['drift-b'] if i['stage'] == 'driver']
         assert driver['item'] == 'userspace_driver' and driver['detail'] == 'libcuda none but the node runs 580.95.05'
         assert not [i for i in report['containers']['drift-a'] if i['stage'] == 'driver']
-        # one entry into the container for its driver and its venv: the venv build's call made the driver step
+        # one entry into the container for its driver and its venv: the venv build's call (recorded, run by the
+        # node, taken by the container) made the driver step
         steps = check.tasks('drift-b')
         (point,) = [t for t in steps if t['task'].endswith('read which driver the container loads')]
-        (build,) = [t for t in steps if 'Build the lock\'s venv' in t['task']]
-        assert point.get('skipped') is True, point
+        (recorded,) = [t for t in steps if t['task'].endswith(BUILD)]
+        (build,) = [t for t in steps if t['task'].endswith(TAKE)]
+        assert point.get('skipped') is True and 'deferred' in recorded, (point, recorded)
         assert not build.get('failed') and build['changed'] is True, build
         assert build['driver']['match'] is False and build['driver']['version'] is None
         assert 'driver mismatch' in build['driver']['msg'] and build['driver']['changed_files'] == [ldconf]

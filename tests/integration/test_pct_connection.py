@@ -1,6 +1,7 @@
 """The gpufleet.proxmox.pct connection plugin: tasks in a lab container through pct exec on its node."""
 
 import os
+import subprocess
 import tempfile
 
 import pytest
@@ -133,3 +134,55 @@ def test_a_command_that_lxc_attach_failed_to_start_is_tried_again(tmp_path, cred
     r = run(tmp_path, inv, [{'ansible.builtin.raw': 'hostname'}])
     assert r.rc == 0 and r.task(0, 'ct')['stdout'].strip() == 'conn985', r.stdout[-2000:]
     assert int(count.read_text()) == 2
+
+
+def test_a_deferred_call_runs_on_its_node_and_each_container_takes_its_result(tmp_path, creds, container):
+    """venv_build with defer, in a check run, records its call; pct_batch runs the node's recorded calls with pct
+    exec (a pct exec that lxc-attach failed to start is tried again); pct_batch_result gives each container its
+    result as the pct connection would have: a container stopped in between is unreachable, with the connection's
+    message, and so it is where the node's run is missing and the call runs over the container's own connection."""
+    count = tmp_path / 'tries'
+    pct = tmp_path / 'pct'  # fails once as lxc-attach can, before anything ran, then is the node's own pct
+    pct.write_text('#!/bin/sh\nn=$(cat {0} 2>/dev/null || echo 0); echo $((n + 1)) > {0}\n'
+                   'if [ "$n" = 0 ]; then echo "Device or resource busy - Failed to rexec as memfd" >&2; exit 1; fi\n'
+                   'exec pct "$@"\n'.format(count))
+    pct.chmod(0o755)
+    inv = inventory(tmp_path, creds, container, ansible_pct_executable=str(pct), gpufleet_node='node')
+    hosts = yaml.safe_load(open(inv))
+    hosts['all']['hosts']['node'] = {
+        'ansible_host': creds['ssh_host'], 'ansible_port': creds['ssh_port'], 'ansible_user': 'root',
+        'ansible_ssh_private_key_file': creds['ssh_private_key_file'], 'ansible_python_interpreter': '/usr/bin/python3',
+        'ansible_ssh_common_args': '-o UserKnownHostsFile={0} -o StrictHostKeyChecking=yes'.format(
+            creds['ssh_known_hosts_file'])}
+    with open(inv, 'w') as fh:
+        yaml.safe_dump(hosts, fh)
+    record = {'name': 'record', 'hosts': 'ct', 'gather_facts': False, 'tasks': [
+        {'gpufleet.proxmox.venv_build': {'defer': True, 'rollback': True, 'root': '/tmp/none', 'link': '/tmp/none/l'},
+         'register': 'built'}]}
+    batch = {'name': 'the node', 'hosts': 'node', 'gather_facts': False, 'tasks': [
+        {'gpufleet.proxmox.pct_batch': {'hosts': ['ct'], 'var': 'built'}, 'register': 'ran'}]}
+
+    def take(given):
+        return {'name': 'take', 'hosts': 'ct', 'gather_facts': False, 'tasks': [
+            {'gpufleet.proxmox.pct_batch_result': {'deferred': '{{ built }}', 'batch': given}, 'register': 'built'}]}
+
+    node_batch = "{{ hostvars['node'].ran }}"
+    r = run_playbook([record, batch, take(node_batch)], tmp_path, '--check', inventory=inv)
+    recorded, ran, took = [p['tasks'][0]['hosts'][h] for p, h in zip(r.data['plays'], ('ct', 'node', 'ct'))]
+    assert recorded['deferred']['node'] == 'node' and recorded['deferred']['argv'][:4] == \
+        [str(pct), 'exec', str(container), '--'], recorded
+    assert 'there is no previous venv' in ran['runs']['ct']['stdout'] and int(count.read_text()) == 2  # tried again once
+    # rollback with no venv before: the module's own failure, parsed from the node's run
+    assert took.get('failed') and 'there is no previous venv under /tmp/none' in took['msg'], took
+    # the same call made in the container directly says the same
+    plain = run(tmp_path, inv, [{'gpufleet.proxmox.venv_build': {'rollback': True, 'root': '/tmp/none',
+                                                                 'link': '/tmp/none/l'}, 'ignore_errors': True}], '--check')
+    assert plain.task(0, 'ct')['msg'] == took['msg']
+
+    subprocess.run(['pct', 'stop', str(container)], check=True, capture_output=True)
+    for given in (node_batch, {}):  # from the node's run, and run over the container's connection
+        r = run_playbook([record, batch, take(given)], tmp_path, '--check', inventory=inv)
+        took = r.data['plays'][-1]['tasks'][0]['hosts']['ct']
+        assert took.get('unreachable') and 'CT {0} on node 127.0.0.1 is not running'.format(container) in took['msg']
+    not_deferred = run(tmp_path, inv, [{'gpufleet.proxmox.pct_batch_result': {'deferred': {'changed': False}}}])
+    assert 'holds no deferred call' in not_deferred.task(0, 'ct')['msg']

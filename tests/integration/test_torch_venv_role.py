@@ -109,7 +109,10 @@ def test_drift_reported_in_check_mode_then_repaired(built, tmp_path):
 
     check = venv_site(tmp_path, '--check')
     assert check.rc == 0, check.stdout[-3000:]
-    (build,) = task(check, 'venv-a', 'audit the active venv and repair it')
+    # the check run's call was recorded in the container's task and run by its node (site.yml's batch plays)
+    (recorded,) = task(check, 'venv-a', 'audit the active venv and repair it')
+    (build,) = task(check, 'venv-a', "Take the container's venv read from its node's call")
+    assert recorded['deferred']['node'] == 'pve1'
     audit = build['audit']
     assert not audit['healthy'] and not build['built'] and not build['switched']
     assert build['changed']  # what a repair run would change

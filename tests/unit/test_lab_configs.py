@@ -74,3 +74,17 @@ def test_pve_conf_round_trip():
     assert 'lxc.cgroup2.devices.allow: c 195:* rwm' in text.splitlines()
     assert '[pve:pending]' in text and 'delete: dev1' in text
     assert pveconf.parse(text) == (config, pending)
+
+
+def test_containers_with_cores_are_spread_over_the_cpus_as_pvestatd_balances_them():
+    assert lxcconf.parse_cpus('0-2,5\n') == [0, 1, 2, 5]
+    assert lxcconf.cpu_list([3, 0, 1]) == '0,1,3'
+    # each new one-core container goes to the CPU with the fewest containers, the lower number on a tie
+    taken = []
+    for _ in range(5):
+        taken.append(lxcconf.balanced(1, taken, [0, 1]))
+    assert taken == [[0], [1], [0], [1], [0]]
+    assert lxcconf.balanced(2, [[0], [0], [1]], [0, 1, 2, 3]) == [2, 3]
+    assert lxcconf.balanced(8, [], [0, 1]) == [0, 1]  # no more CPUs than the node has
+    config = {'cores': 1}
+    assert 'lxc.cgroup2.cpuset.cpus = 1' in lxcconf.limit_lines(config, True, [1])

@@ -54,6 +54,24 @@ class Containers:
         out = self._lxc('info', vmid, '-s', '-H', check=False).stdout.strip()
         return 'running' if out == 'RUNNING' else 'stopped'
 
+    def cpus(self, vmid):
+        """The CPUs a running container runs on (its cpuset cgroup), or None."""
+        base = '/sys/fs/cgroup' if self.cgroup_v2 else '/sys/fs/cgroup/cpuset'
+        try:
+            with open(os.path.join(base, 'lxc.payload.{0}'.format(vmid), 'cpuset.cpus')) as fh:
+                return lxcconf.parse_cpus(fh.read())
+        except (OSError, ValueError):
+            return None
+
+    def balanced_cpus(self, vmid, config):
+        """The CPUs for a container with cores, balanced against this node's other running containers (as pvestatd
+        balances them); None without cores."""
+        if not config.get('cores'):
+            return None
+        others = [n for n in os.listdir(self.lab.lxcpath) if n.isdigit() and int(n) != int(vmid)]
+        taken = [c for c in (self.cpus(n) for n in others) if c]
+        return lxcconf.balanced(int(config['cores']), taken, list(range(os.cpu_count() or 1)))
+
     def pid(self, vmid):
         out = self._lxc('info', vmid, '-p', '-H', check=False).stdout.strip()
         return int(out) if out.isdigit() else None
@@ -114,7 +132,8 @@ class Containers:
         lower = self.lab.base_rootfs_unpriv if self.unprivileged(config) else self.lab.base_rootfs
         try:
             passthrough = self._passthrough(vmid, config, lxcconf.devices(config))
-            text = lxcconf.render(vmid, config, self.lab, self.cgroup_v2, lower, passthrough)
+            text = lxcconf.render(vmid, config, self.lab, self.cgroup_v2, lower, passthrough,
+                                  self.balanced_cpus(vmid, config))
             for path, body in lxcconf.network_files(config).items():
                 self._write_rootfs(vmid, config, lower, path, body)
         except lxcconf.ConfigError as e:
@@ -179,8 +198,7 @@ class Containers:
                 elif key == 'memory' and key in config:
                     self._cgroup_set(vmid, 'memory.max', int(config['memory']) * 1024 * 1024)
                 elif key == 'cores' and key in config:
-                    cores = min(int(config['cores']), os.cpu_count() or 1)
-                    self._cgroup_set(vmid, 'cpuset.cpus', '0-{0}'.format(cores - 1))
+                    self._cgroup_set(vmid, 'cpuset.cpus', lxcconf.cpu_list(self.balanced_cpus(vmid, config)))
                 elif key == 'hostname' and key in config:
                     name = config['hostname']
                     self._lxc('attach', vmid, '--clear-env', '--', 'sh', '-c',

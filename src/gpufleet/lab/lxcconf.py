@@ -92,10 +92,11 @@ def device_node(props, dev_dir='/dev'):
     return kind, os.major(st.st_rdev), os.minor(st.st_rdev), mode
 
 
-def render(vmid, config, lab, cgroup_v2, rootfs_lower, passthrough):
+def render(vmid, config, lab, cgroup_v2, rootfs_lower, passthrough, cpus=None):
     """The LXC config text for a container.
 
-    passthrough: {devN key: host path of the node the lab made for it}.
+    passthrough: {devN key: host path of the node the lab made for it}. cpus: the CPUs a container with cores runs
+    on (Containers.balanced_cpus); without, its first cores CPUs.
     """
     unpriv = str(config.get('unprivileged', '0')) == '1'
     ct_dir = lab.ct_dir(vmid)
@@ -115,7 +116,7 @@ def render(vmid, config, lab, cgroup_v2, rootfs_lower, passthrough):
     lines.append(prefix + 'devices.deny = a')
     lines += [prefix + 'devices.allow = ' + rule for rule in BASE_DEVICE_RULES]
     lines += network_lines(vmid, config)
-    lines += limit_lines(config, cgroup_v2)
+    lines += limit_lines(config, cgroup_v2, cpus)
     lines += mount_lines(vmid, config, lab)
     for key, props in devices(config):
         kind, major, minor, _mode = device_node(props, lab.dev_dir)
@@ -167,14 +168,44 @@ def network_lines(vmid, config):
     return lines
 
 
-def limit_lines(config, cgroup_v2):
+def limit_lines(config, cgroup_v2, cpus=None):
     lines = []
     if config.get('memory'):
         lines.append('{0} = {1}'.format(cgroup_key('memory.max', cgroup_v2), int(config['memory']) * 1024 * 1024))
     if config.get('cores'):
-        cores = min(int(config['cores']), os.cpu_count() or 1)
-        lines.append('{0} = 0-{1}'.format(cgroup_key('cpuset.cpus', cgroup_v2), cores - 1))
+        cpus = cpus or list(range(min(int(config['cores']), os.cpu_count() or 1)))
+        lines.append('{0} = {1}'.format(cgroup_key('cpuset.cpus', cgroup_v2), cpu_list(cpus)))
     return lines
+
+
+def parse_cpus(text):
+    """A cpuset list (0-3,6) as CPU numbers."""
+    cpus = []
+    for part in text.strip().split(','):
+        if '-' in part:
+            first, last = part.split('-', 1)
+            cpus += range(int(first), int(last) + 1)
+        elif part:
+            cpus.append(int(part))
+    return cpus
+
+
+def cpu_list(cpus):
+    """CPU numbers as a cpuset list."""
+    return ','.join(str(c) for c in sorted(cpus))
+
+
+def balanced(cores, taken, all_cpus):
+    """The cores CPUs a container gets where the node's other running containers hold taken (a list of their
+    CPU lists): those with the fewest containers, lower numbers first. pvestatd leaves a node so within 10 s of a
+    start (pve-manager PVE/Service/pvestatd.pm rebalance_lxc_containers: a container with cores gets that many
+    CPUs, each moved to a CPU with fewer containers on it); a container without cores runs on every CPU."""
+    count = dict((c, 0) for c in all_cpus)
+    for cpus in taken:
+        for c in cpus:
+            if c in count:
+                count[c] += 1
+    return sorted(sorted(all_cpus, key=lambda c: (count[c], c))[:min(cores, len(all_cpus))])
 
 
 def mount_lines(vmid, config, lab):

@@ -1,0 +1,34 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action for gpufleet.proxmox.pct_batch: on the controller, the calls recorded for this node (plugin_utils
+_deferred) are gathered from the containers' variable; the module runs them on the node in one call."""
+
+
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _deferred
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils._action import host_var
+
+
+class ActionModule(ActionBase):
+    _supports_check_mode = True
+    TRANSFERS_FILES = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super(ActionModule, self).run(tmp, task_vars)
+        args = dict(self._task.args)
+        if args.get('calls'):
+            return dict(result, failed=True, msg='pct_batch: calls are gathered from hosts and var, not given')
+        node, hostvars = task_vars['inventory_hostname'], task_vars['hostvars']
+        calls = []
+        for host in args.get('hosts') or []:
+            deferral = (host_var(hostvars, host, args.get('var') or '') or {}).get('deferred')
+            if deferral and deferral.get('node') == node:
+                calls.append({'host': host, 'argv': deferral['argv'], 'stdin': _deferred.stdin_of(deferral)})
+        if not calls:
+            return dict(result, changed=False, runs={})
+        args['calls'] = calls
+        result.update(self._execute_module(module_args=args, task_vars=task_vars))
+        result['changed'] = False
+        return result

@@ -1,0 +1,33 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action for gpufleet.proxmox.venv_build: the module runs in the container as any module does, except that with
+defer, in a check run of a container reached with the pct connection, the call is recorded for its node to run with
+its other containers' (plugin_utils _deferred; the pct_batch action runs them, pct_batch_result takes each result)."""
+
+
+from ansible.module_utils.parsing.convert_bool import boolean
+from ansible.plugins.action import ActionBase
+from ansible.utils.vars import merge_hash
+
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _deferred
+
+
+class ActionModule(ActionBase):
+    _supports_check_mode = True
+    _supports_async = True
+
+    def run(self, tmp=None, task_vars=None):
+        result = super(ActionModule, self).run(tmp, task_vars)
+        args = dict(self._task.args)
+        defer = boolean(args.pop('defer', False), strict=False)
+        module = self._task.resolved_action or self._task.action
+        if defer and self._task.check_mode and _deferred.can_defer(self):
+            result.update(changed=False, deferred=_deferred.record(self, module, args, task_vars))
+            return result
+        wrap_async = self._task.async_val and not self._connection.has_native_async
+        result = merge_hash(result, self._execute_module(module_name=module, module_args=args, task_vars=task_vars,
+                                                         wrap_async=wrap_async))
+        if not wrap_async:
+            self._remove_tmp_path(self._connection._shell.tmpdir)
+        return result

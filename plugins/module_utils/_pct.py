@@ -1,0 +1,33 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""How a command runs in a container with pct exec on its node: the argv, and which failures happened before the
+command started (so that running it again is safe). The pct connection plugin (on the controller) and the pct_batch
+module (on the node) both run commands this way."""
+
+
+# pct exec runs commands as the container's root with a cleared environment: give them root's.
+ROOT_ENV = ['/usr/bin/env', 'HOME=/root', 'USER=root', 'LOGNAME=root', 'SHELL=/bin/sh']
+# lxc-attach re-executes itself from a sealed memfd before it attaches (lxc src/lxc/rexec.c); sealing can fail for a
+# moment with EBUSY while the copy's pages are still referenced. Nothing ran in the container then.
+NOT_STARTED = ('Failed to rexec as memfd',)
+
+
+def shell_argv(cmd):
+    """The argv that runs a shell command line in a container, as root with root's environment."""
+    return ROOT_ENV + ['/bin/sh', '-c', cmd]
+
+
+def exec_argv(pct, vmid, argv):
+    """The node's argv that runs argv in container vmid."""
+    return [pct, 'exec', str(vmid), '--'] + list(argv)
+
+
+def not_started(rc, out, said):
+    """Whether a pct exec that exited rc, printed out and said (stderr, text) failed before its command started."""
+    return rc != 0 and not out and any(m in said for m in NOT_STARTED)
+
+
+def retry_pause(attempt, jitter):
+    """Seconds to wait before try attempt + 1 (jitter: a number in [0, 1)): growing, at most 8 s."""
+    return min(8.0, 0.25 * 2 ** attempt) * (0.5 + jitter)

@@ -1,0 +1,103 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Module calls deferred to the container's node, so that a node runs all its containers' calls in one connection.
+
+A module task of a container reached with the pct connection is made as Ansible makes it (ActionBase's
+_execute_module: the module's payload with its arguments, the command line, the environment), up to the point where
+the command would run: there the command is recorded instead (record). The container's node runs the recorded
+commands with pct exec, a few at a time, in one call (the pct_batch action and module). Each container then takes its
+command's exit code and output through the same _execute_module, answered from the node's run instead of running
+(replay): the result is parsed, and a container that could not be reached fails, exactly as they would have been.
+
+This pays where the calls only read (check runs): each container costs a pct exec on its node, not a connection and a
+task's round trip from the controller."""
+
+
+import os
+import tempfile
+
+from ansible import constants as C
+from ansible.errors import AnsibleError
+from ansible.module_utils.common.text.converters import to_bytes, to_text
+
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pct
+
+TRANSPORT = 'gpufleet.proxmox.pct'
+# What the recorded call answers (the deferral itself is the task's result).
+_RECORDED = b'{"changed": false}'
+
+
+class _Connection(object):
+    """The task's own connection, except that a command is answered, not run."""
+
+    def __init__(self, real, answer):
+        self._real, self._answer = real, answer
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def exec_command(self, cmd, in_data=None, sudoable=True):
+        return self._answer(cmd, in_data)
+
+    def put_file(self, in_path, out_path):
+        raise AnsibleError('a deferred module call cannot copy files: it needs pipelining')
+
+
+def _through(action, connection, module, args, task_vars):
+    real = action._connection
+    action._connection = connection
+    try:
+        return action._execute_module(module_name=module, module_args=dict(args), task_vars=task_vars)
+    finally:
+        action._connection = real
+
+
+def can_defer(action):
+    """Whether this task's module call can be deferred to the node: a container reached with the pct connection
+    through SSH (not the node itself), the module pipelined, not async."""
+    conn = action._connection
+    return (getattr(conn, 'transport', None) == TRANSPORT and not conn.get_option('local')
+            and conn.is_pipelining_enabled(False) and not action._task.async_val)
+
+
+def record(action, module, args, task_vars):
+    """The deferral of module(args) in this task's container: the node it runs on (the container's gpufleet_node),
+    the node's argv that runs it (pct exec <vmid> -- ...) and a file on the controller holding its input."""
+    made = {}
+    conn = action._connection
+
+    def keep(cmd, in_data):
+        made['argv'] = _pct.exec_argv(conn.get_option('pct_executable'), conn.vmid(), conn.container_argv(cmd))
+        made['stdin'] = to_bytes(in_data) if in_data is not None else b''
+        return 0, _RECORDED, b''
+
+    _through(action, _Connection(conn, keep), module, args, task_vars)
+    fd, path = tempfile.mkstemp(prefix='gpufleet-deferred-', dir=C.DEFAULT_LOCAL_TMP)
+    with os.fdopen(fd, 'wb') as fh:
+        fh.write(made['stdin'])
+    return {'module': module, 'args': args, 'node': task_vars.get('gpufleet_node'),
+            'vmid': conn.vmid(), 'argv': made['argv'], 'stdin': path}
+
+
+def stdin_of(deferral):
+    """The recorded input of a deferred call (its module's payload), as text."""
+    with open(deferral['stdin'], 'rb') as fh:
+        return to_text(fh.read(), errors='surrogate_or_strict')
+
+
+def replay(action, deferral, ran, task_vars):
+    """The result of a deferred call from what its node's run gave (ran: rc, stdout, stderr), parsed as Ansible
+    parses a module's output; a container the node could not run it in raises the pct connection's error. Without
+    ran (its node did not run it: the node play was limited away or failed), the call runs now over the task's own
+    connection."""
+    if not ran:
+        return action._execute_module(module_name=deferral['module'], module_args=dict(deferral['args']),
+                                      task_vars=task_vars)
+
+    def answer(cmd, in_data):
+        out, err = to_bytes(ran.get('stdout') or ''), to_bytes(ran.get('stderr') or '')
+        action._connection.check(ran['rc'], err)
+        return ran['rc'], out, err
+
+    return _through(action, _Connection(action._connection, answer), deferral['module'], deferral['args'], task_vars)
