@@ -52,6 +52,21 @@ options:
   nvidia_smi:
     description: The nvidia-smi to ask for PCI bus ids; found on C(PATH) when not given.
     type: path
+  root:
+    description:
+      - The node's root directory, where its kernels (C(boot/vmlinuz-*)), boot pins (C(etc/kernel/)), kernel
+        modules (C(lib/modules/)), DKMS tree (C(var/lib/dkms/)) and package database (C(var/lib/dpkg/status)) are
+        read. With a loaded driver, the module is checked for the running kernel (C(<proc_root>/sys/kernel/osrelease))
+        and the one the node boots next - C(module_missing_running_kernel), C(module_missing_next_kernel),
+        C(module_build_failed) (a DKMS build that failed, with its log), C(module_version_next_kernel) (built there for
+        another version than the userspace driver) - each with its fix; the result's C(kernels) says what was read.
+    type: path
+    default: /
+  driver_hold:
+    description: The driver's Debian packages must be held from upgrades (C(apt-mark hold)); any that is not is the
+      finding C(driver_not_held), with the command. A driver installed with NVIDIA's installer has no packages.
+    type: bool
+    default: false
   driver_optional:
     description:
       - The node may have no NVIDIA driver (a node without GPUs). Where none is loaded, that is no finding, nor are
@@ -138,7 +153,9 @@ ansible_facts:
           C(majors), C(uvm_major), C(driver_version), C(findings) (code, msg, fix, and path for a share, the
           bundle or a boot file), C(nvidia_smi) (the one that answered), C(persistenced) (the path of nvidia-persistenced where it is installed, else null),
           C(bundle) (C(version) and C(path) of the driver bundle of the loaded module; null without O(bundle) or
-          a loaded driver).
+          a loaded driver), C(kernels) with a loaded driver (C(running_kernel), C(next_kernel) and why,
+          C(modules) the module file per kernel, C(dkms) per version the kernels built for and a failed build's
+          log, C(packages) the driver's Debian packages with their version and whether held).
       type: dict
       returned: always
 '''
@@ -146,7 +163,7 @@ ansible_facts:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _nvidia
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _nvidia, _nvidia_kernel
 
 
 def main():
@@ -162,6 +179,8 @@ def main():
                                               boot_files=dict(type='list', elements='dict', default=[], options=dict(
                                                   path=dict(type='path', required=True), content=dict(type='str'),
                                                   mode=dict(type='str'), src=dict(type='str'))),
+                                              root=dict(type='path', default='/'),
+                                              driver_hold=dict(type='bool', default=False),
                                               driver_optional=dict(type='bool', default=False)),
                            supports_check_mode=True)
     p = module.params
@@ -177,6 +196,10 @@ def main():
                              p['driver_optional'])
     if facts['driver_version'] is not None:
         facts['findings'].extend(_files.stale(p['boot_files']))
+        facts['kernels'] = _nvidia_kernel.state(p['proc_root'], p['root'])
+        installed = _nvidia.installed_versions((p['bundle'] or {}).get('lib_dirs') or [])
+        facts['findings'].extend(_nvidia_kernel.findings(facts['kernels'], facts['driver_version'], installed,
+                                                         p['driver_hold']))
     module.exit_json(changed=False, ansible_facts={'gpufleet_gpu_devices': facts})
 
 

@@ -18,8 +18,9 @@ def _item(stage, item, detail, **extra):
 
 def node(gpu_devices):
     """A node's drift: gpu_devices' findings (nvidia-uvm not loaded, its nodes missing or stale, no driver, a
-    shared directory missing or not as it should be, the driver bundle out of date)."""
-    return [_item('node', f.get('code'), f.get('msg') or f.get('fix') or '')
+    shared directory missing or not as it should be, the driver bundle out of date, the driver across the node's
+    kernels and its packages), each with its fix where it has one."""
+    return [_item('node', f.get('code'), f.get('msg') or f.get('fix') or '', **({'fix': f['fix']} if f.get('fix') else {}))
             for f in (gpu_devices or {}).get('findings') or []]
 
 

@@ -154,7 +154,7 @@ def test_a_check_reads_each_nodes_venvs_in_one_call_and_says_what_each_container
     direct = drift(tmp_path, fleet['fleet'], '--check', '-e', 'torch_venv_batch=false')
     assert direct.rc == 0, direct.stdout[-3000:]
     assert step(direct, 'pve1', "Read this node's containers' venvs in one call to the node (the calls they recorded)"
-                ).get('skipped')
+                )['runs'] == {}  # nothing recorded: each container ran its own call
     built = step(direct, 'drift-a', BUILD)
     assert 'deferred' not in built and built['audit']['findings'] == took['audit']['findings']
     assert items() == found
@@ -323,3 +323,56 @@ def test_teardown_needs_its_confirmation(fleet, tmp_path, control):
     assert done.rc == 0, done.stdout[-3000:]
     vmids = [g['vmid'] for g in pve.api.cluster.resources.get(type='vm')]
     assert A not in vmids and B not in vmids
+
+
+def test_a_node_that_would_lose_its_gpus_at_its_next_boot_or_whose_driver_is_not_held(fleet, tmp_path, lab):
+    """The kernel a node boots next without the NVIDIA module (a DKMS build that failed, or none), and driver
+    packages an unattended upgrade may replace, are node findings of a check run, each with its fix; a module built
+    for that kernel, or the running kernel pinned, is none."""
+    from gpufleet.lab import host, manager
+    node, upcoming = lab.on('pve1'), '6.17.2-1-pve'
+    made = [os.path.join(node.node_files, p) for p in (
+        'boot/vmlinuz-' + upcoming, 'lib/modules/' + upcoming, 'etc/kernel',
+        'var/lib/dkms/nvidia/{0}/{1}'.format(node.driver_version, upcoming),
+        'var/lib/dkms/nvidia/{0}/build'.format(node.driver_version))]
+
+    def node_items():
+        check = drift(tmp_path, fleet['fleet'], '--check')
+        assert check.rc == 0, check.stdout[-3000:]
+        return summary(tmp_path)['nodes'].get('pve1') or []
+
+    try:
+        manager.install_kernel(lab, 'pve1', upcoming, module='failed')
+        (failed,) = node_items()
+        assert failed['item'] == 'module_build_failed' and upcoming in failed['detail'] and 'failed' in failed['detail']
+        assert failed['fix'].startswith('read ' + os.path.join(node.node_files, 'var/lib/dkms/nvidia'))
+        assert failed['fix'].endswith('proxmox-boot-tool kernel pin ' + host.KERNEL)
+
+        manager.install_kernel(lab, 'pve1', upcoming, module=None)
+        shutil.rmtree(made[-1])  # no build was tried
+        (missing,) = node_items()
+        assert missing['item'] == 'module_missing_next_kernel'
+        assert missing['fix'] == 'apt install proxmox-headers-{0} && dkms install nvidia/{1} -k {0}'.format(
+            upcoming, node.driver_version)
+
+        manager.install_kernel(lab, 'pve1', host.KERNEL, pin='pin')  # the running kernel pinned: it boots again
+        assert node_items() == []
+        shutil.rmtree(made[2])
+        manager.install_kernel(lab, 'pve1', upcoming, module='built')
+        assert node_items() == []
+
+        manager.hold_driver(lab, 'pve1', held=False)
+        (loose,) = node_items()
+        assert loose['item'] == 'driver_not_held'
+        assert loose['fix'] == 'apt-mark hold libcuda1 libnvidia-ml1 nvidia-driver nvidia-kernel-dkms'
+        # the operator's to act on: a repair run reports it and changes nothing of the node's packages
+        fix = drift(tmp_path, fleet['fleet'])
+        assert fix.rc == 0 and [i['item'] for i in summary(tmp_path)['nodes']['pve1']] == ['driver_not_held']
+    finally:
+        for path in made:
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.unlink(path)
+        manager.hold_driver(lab, 'pve1', held=True)
+    assert node_items() == []

@@ -8,7 +8,7 @@ pytestmark = pytest.mark.lab
 
 
 def discover(play, **options):
-    args = {'proc_root': '{{ gpufleet_lab.proc_root }}',
+    args = {'proc_root': '{{ gpufleet_lab.proc_root }}', 'root': '{{ gpu_node_root }}',
             'nvidia_smi': '{{ gpufleet_lab_dir }}/driver/bin/nvidia-smi'}
     args.update(options)
     r = play([{'gpufleet.proxmox.gpu_devices': args}], hosts='pve1')
@@ -34,6 +34,12 @@ def test_the_lab_nodes_gpus(play, lab):
         facts['uvm_major'], 1)
     assert facts['driver_version'] == '580.95.05'
     assert facts['findings'] == []
+    # the kernel the node runs, the module built for it by DKMS, the driver's packages held
+    kernels = facts['kernels']
+    assert kernels['running_kernel'] == kernels['next_kernel'] == '6.14.11-4-pve'
+    assert kernels['dkms'] == {'580.95.05': {'built': ['6.14.11-4-pve'], 'make_log': None}}
+    assert kernels['modules']['6.14.11-4-pve'].endswith('/lib/modules/6.14.11-4-pve/updates/dkms/nvidia.ko')
+    assert all(p['held'] for p in kernels['packages'].values()) and 'libcuda1' in kernels['packages']
 
 
 def make_node(tmp_path, dev=(), devices=None, version=True):

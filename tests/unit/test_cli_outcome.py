@@ -151,3 +151,13 @@ def test_pipelining_is_on_where_no_config_sets_it_and_as_configured_where_one_do
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv('ANSIBLE_PIPELINING', 'False')
     assert 'ANSIBLE_PIPELINING' not in fleet.ansible_settings()
+
+
+def test_a_node_finding_shows_its_fix():
+    from gpufleet.cli import show
+    from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _drift
+    (item,) = _drift.node({'findings': [{'code': 'driver_not_held', 'msg': 'the driver packages libcuda1 are not held',
+                                         'fix': 'apt-mark hold libcuda1'}]})
+    assert show.drift_line(item) == ('node driver_not_held: the driver packages libcuda1 are not held '
+                                     '(fix: apt-mark hold libcuda1)')
+    assert show.drift_line(dict(item, fix=None)) == 'node driver_not_held: the driver packages libcuda1 are not held'

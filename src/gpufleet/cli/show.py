@@ -88,8 +88,9 @@ def _devices(row):
 
 
 def drift_line(item):
-    """One drift item (a container's or a node's) as a line: stage, item, detail."""
-    return '{0} {1}: {2}'.format(item.get('stage', ''), item.get('item', ''), item.get('detail', '')).strip()
+    """One drift item (a container's or a node's) as a line: stage, item, detail, and its fix where it has one."""
+    line = '{0} {1}: {2}'.format(item.get('stage', ''), item.get('item', ''), item.get('detail', '')).strip()
+    return line + (' (fix: {0})'.format(item['fix']) if item.get('fix') and item['fix'] != item.get('detail') else '')
 
 
 def _drift_lines(row):

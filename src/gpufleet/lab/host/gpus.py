@@ -165,6 +165,52 @@ def write_proc(lab, uvm_major):
     with open(os.path.join(lab.proc_dir, 'driver', 'nvidia', 'version'), 'w') as fh:
         fh.write('NVRM version: NVIDIA UNIX x86_64 Kernel Module  {0}  Tue Sep 30 12:00:00 UTC 2025\n'
                  'GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n'.format(lab.driver_version))
+    ensure_kernel(lab)
+
+
+# The kernel the lab's nodes run (a PVE 9 kernel). A node's driver starts as a Debian/DKMS install: the module built
+# for this kernel, the driver's packages held, so that a node has no finding until a test gives it one
+# (add_kernel, hold_driver).
+KERNEL = '6.14.11-4-pve'
+DRIVER_PACKAGES = ('nvidia-kernel-dkms', 'nvidia-driver', 'libcuda1', 'libnvidia-ml1')
+
+
+def ensure_kernel(lab):
+    """The node's running kernel (its /proc/sys/kernel/osrelease) with the driver's module built for it, and the
+    driver's packages, made once: a test's changes stay until the lab is made again."""
+    osrelease = os.path.join(lab.proc_dir, 'sys', 'kernel', 'osrelease')
+    if os.path.exists(osrelease):
+        return
+    add_kernel(lab, KERNEL)
+    hold_driver(lab, True)
+    _write(osrelease, (KERNEL + '\n').encode(), 0o644)
+
+
+def add_kernel(lab, release, module='built', version=None):
+    """A kernel installed on the node (its /boot/vmlinuz), with the NVIDIA module of version (the node's driver by
+    default) as DKMS leaves it: 'built' (the module under lib/modules/<release>/updates/dkms and DKMS's tree),
+    'failed' (no module; the build's make.log, as DKMS keeps it after a failed build) or None (not built at all)."""
+    version = version or lab.driver_version
+    root = lab.node_files
+    _write(os.path.join(root, 'boot', 'vmlinuz-' + release), b'lab stand-in kernel\n', 0o644)
+    dkms = os.path.join(root, 'var', 'lib', 'dkms', 'nvidia', version)
+    if module == 'built':
+        for path in (os.path.join(root, 'lib', 'modules', release, 'updates', 'dkms', 'nvidia.ko'),
+                     os.path.join(dkms, release, 'x86_64', 'module', 'nvidia.ko')):
+            _write(path, b'lab stand-in module\n', 0o644)
+    elif module == 'failed':
+        _write(os.path.join(dkms, 'build', 'make.log'),
+               'DKMS make.log for nvidia-{0} for kernel {1} (x86_64)\n'
+               "nvidia/nv.c:1234:5: error: implicit declaration of function 'pci_enable_msix'\n"
+               'make[1]: *** [Makefile:1234: nvidia/nv.o] Error 1\n'.format(version, release).encode(), 0o644)
+
+
+def hold_driver(lab, held=True, version=None):
+    """The driver's Debian packages in the node's dpkg status: held from upgrades (apt-mark hold) or not."""
+    version = version or lab.driver_version
+    stanzas = ['Package: {0}\nStatus: {1} ok installed\nArchitecture: amd64\nVersion: {2}-1\n'.format(
+        name, 'hold' if held else 'install', version) for name in DRIVER_PACKAGES]
+    _write(os.path.join(lab.node_files, 'var', 'lib', 'dpkg', 'status'), '\n'.join(stanzas).encode(), 0o644)
 
 
 # The userspace half of the stand-in driver: real ELF libraries with NVIDIA's names and sonames,

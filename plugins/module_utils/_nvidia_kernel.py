@@ -1,0 +1,156 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The NVIDIA kernel module across a node's kernels, read from its files (standard library only): the kernel that
+runs, the one the node boots next, whether the module is built for each (a DKMS build, or a module file), and
+whether the driver's Debian packages are held from upgrades. Each gap is a finding with the command that closes it.
+
+A node boots, unless pinned, the newest kernel installed (grub's menu and proxmox-boot-tool's loader entries sort by
+version); proxmox-boot-tool's pins are /etc/kernel/next-boot-pin (the next boot only, which wins) and
+/etc/kernel/proxmox-boot-pin (proxmox-kernel-helper, proxmox-boot/functions: NEXT_BOOT_PIN, PINNED_KERNEL_CONF).
+DKMS keeps a module built for a kernel under /var/lib/dkms/<module>/<version>/<kernel>/<arch>/module/, and a failed
+build's log at /var/lib/dkms/<module>/<version>/build/make.log; installed, the module is under
+/lib/modules/<kernel>/updates/dkms/. NVIDIA's installer without DKMS puts it under kernel/drivers/video/."""
+
+
+import glob
+import os
+import re
+
+MODULE_FILES = ('nvidia.ko', 'nvidia.ko.xz', 'nvidia.ko.zst', 'nvidia.ko.gz')
+MODULE_DIRS = ('updates/dkms', 'kernel/drivers/video', 'extra', 'updates')
+# The driver's Debian packages (NVIDIA's CUDA repository and Debian's own) that an upgrade must not move alone.
+PACKAGE_RE = re.compile(r'^(nvidia-.*|libnvidia-.*|libcuda1|xserver-xorg-video-nvidia.*|cuda-drivers.*)$')
+
+
+def version_key(version):
+    """A kernel or driver version as a sortable key (6.14.11-4-pve before 6.17.2-1-pve)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r'(\d+)', version)]
+
+
+def _read_first_line(path):
+    try:
+        with open(path) as fh:
+            return fh.readline().strip() or None
+    except (IOError, OSError):
+        return None
+
+
+def running_kernel(proc_root='/proc'):
+    """The release of the kernel that runs (uname -r)."""
+    return _read_first_line(os.path.join(proc_root, 'sys', 'kernel', 'osrelease'))
+
+
+def installed_kernels(root='/'):
+    """The kernels installed, newest first (their /boot/vmlinuz-<release>)."""
+    found = [os.path.basename(p)[len('vmlinuz-'):] for p in glob.glob(os.path.join(root, 'boot', 'vmlinuz-*'))]
+    return sorted(found, key=version_key, reverse=True)
+
+
+def next_kernel(root='/', running=None):
+    """(release, why) of the kernel the node boots next: a next-boot pin, else a pin, else the newest installed
+    (else the running one)."""
+    for name, why in (('next-boot-pin', 'pinned for the next boot'), ('proxmox-boot-pin', 'pinned')):
+        pinned = _read_first_line(os.path.join(root, 'etc', 'kernel', name))
+        if pinned:
+            return pinned, why
+    kernels = installed_kernels(root)
+    if kernels:
+        return kernels[0], 'the newest installed'
+    return running, 'the running one'
+
+
+def module_file(root, kernel):
+    """The NVIDIA module file installed for kernel, or None."""
+    for d in MODULE_DIRS:
+        for name in MODULE_FILES:
+            path = os.path.join(root, 'lib', 'modules', kernel, d, name)
+            if os.path.isfile(path):
+                return path
+    return None
+
+
+def dkms(root='/', module='nvidia'):
+    """DKMS's state of module: {version: {'built': [kernels], 'make_log': path or None}}."""
+    state = {}
+    for vdir in glob.glob(os.path.join(root, 'var', 'lib', 'dkms', module, '*')):
+        version = os.path.basename(vdir)
+        if not os.path.isdir(vdir) or not version[:1].isdigit():
+            continue
+        built = sorted({os.path.basename(os.path.dirname(os.path.dirname(m)))
+                        for m in glob.glob(os.path.join(vdir, '*', '*', 'module'))}, key=version_key)
+        log = os.path.join(vdir, 'build', 'make.log')
+        state[version] = {'built': built, 'make_log': log if os.path.isfile(log) else None}
+    return state
+
+
+def packages(root='/'):
+    """The driver's Debian packages installed: {name: {'version', 'held'}} (dpkg's status file)."""
+    found = {}
+    try:
+        with open(os.path.join(root, 'var', 'lib', 'dpkg', 'status')) as fh:
+            stanzas = fh.read().split('\n\n')
+    except (IOError, OSError):
+        return found
+    for stanza in stanzas:
+        fields = dict(line.split(': ', 1) for line in stanza.splitlines() if ': ' in line and not line[:1].isspace())
+        name, status = fields.get('Package', ''), fields.get('Status', '').split()
+        if PACKAGE_RE.match(name) and status[-1:] == ['installed']:
+            found[name] = {'version': fields.get('Version'), 'held': status[0] == 'hold'}
+    return found
+
+
+def state(proc_root='/proc', root='/'):
+    """What the node's files say of its driver across kernels."""
+    running = running_kernel(proc_root)
+    upcoming, why = next_kernel(root, running)
+    return {'running_kernel': running, 'next_kernel': upcoming, 'next_kernel_why': why,
+            'modules': dict((k, module_file(root, k)) for k in (running, upcoming) if k),
+            'dkms': dkms(root), 'packages': packages(root)}
+
+
+def findings(found, loaded, installed, hold=True):
+    """The gaps in found (state()) for a node that runs module version loaded with userspace versions installed:
+    no module for the running kernel, none (or a failed DKMS build) for the kernel it boots next, a module built
+    for that kernel of another version than the userspace, and, with hold, driver packages not held."""
+    out = []
+    running, upcoming = found['running_kernel'], found['next_kernel']
+    if not running:  # not a node's /proc: nothing to compare with
+        return out
+    target = (installed or [loaded])[-1] if (installed or loaded) else None
+    built = dict((k, v) for v, d in found['dkms'].items() for k in d['built'])
+    if running and loaded and not found['modules'].get(running):
+        out.append({'code': 'module_missing_running_kernel', 'kernel': running,
+                    'fix': 'dkms install nvidia/{0} -k {1}'.format(loaded, running),
+                    'msg': 'the running kernel {0} has no NVIDIA module installed (the loaded {1} cannot be loaded '
+                           'again)'.format(running, loaded)})
+    if upcoming and target and upcoming != running:
+        failed = (found['dkms'].get(target) or {}).get('make_log')
+        if not found['modules'].get(upcoming) and upcoming not in built:
+            if failed:
+                out.append({'code': 'module_build_failed', 'kernel': upcoming, 'log': failed,
+                            'fix': 'read {0}, then install a driver that builds for {1}, or keep the running kernel: '
+                                   'proxmox-boot-tool kernel pin {2}'.format(failed, upcoming, running),
+                            'msg': 'the DKMS build of the NVIDIA module {0} for kernel {1}, which the node boots next '
+                                   '({2}), failed: after a reboot the node has no GPUs'.format(
+                                       target, upcoming, found['next_kernel_why'])})
+            else:
+                build = ('dkms install nvidia/{1} -k {0}' if found['dkms'] else
+                         'sh NVIDIA-Linux-x86_64-{1}.run --silent --kernel-name={0}').format(upcoming, target)
+                out.append({'code': 'module_missing_next_kernel', 'kernel': upcoming,
+                            'fix': 'apt install proxmox-headers-{0} && {1}'.format(upcoming, build),
+                            'msg': 'the kernel {0}, which the node boots next ({1}), has no NVIDIA module: after a '
+                                   'reboot the node has no GPUs'.format(upcoming, found['next_kernel_why'])})
+        elif upcoming in built and built[upcoming] != target:
+            out.append({'code': 'module_version_next_kernel', 'kernel': upcoming,
+                        'fix': 'dkms install nvidia/{0} -k {1}'.format(target, upcoming),
+                        'msg': 'the NVIDIA module built for kernel {0}, which the node boots next, is {1}, but the '
+                               'userspace driver is {2}: after a reboot every GPU container fails with "driver/library '
+                               'version mismatch"'.format(upcoming, built[upcoming], target)})
+    loose = sorted(name for name, p in found['packages'].items() if not p['held'])
+    if hold and loose:
+        out.append({'code': 'driver_not_held', 'packages': loose,
+                    'fix': 'apt-mark hold {0}'.format(' '.join(loose)),
+                    'msg': 'the driver packages {0} are not held: an unattended upgrade can replace the driver under '
+                           'running containers'.format(', '.join(loose))})
+    return out

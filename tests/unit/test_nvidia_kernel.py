@@ -1,0 +1,88 @@
+"""The NVIDIA module across a node's kernels (module_utils _nvidia_kernel), on node trees made in a directory."""
+
+import os
+
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_kernel as nk
+
+RUNNING, NEXT = '6.14.11-4-pve', '6.17.2-1-pve'
+
+
+def put(root, rel, text=''):
+    path = os.path.join(str(root), rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'w') as fh:
+        fh.write(text)
+
+
+def node(tmp_path, kernels=(RUNNING,), built=(RUNNING,), version='580.95.05', held=True):
+    proc, root = tmp_path / 'proc', tmp_path / 'root'
+    put(proc, 'sys/kernel/osrelease', RUNNING + '\n')
+    for k in kernels:
+        put(root, 'boot/vmlinuz-' + k)
+    for k in built:
+        put(root, 'lib/modules/{0}/updates/dkms/nvidia.ko'.format(k))
+        put(root, 'var/lib/dkms/nvidia/{0}/{1}/x86_64/module/nvidia.ko'.format(version, k))
+    put(root, 'var/lib/dpkg/status', ''.join(
+        'Package: {0}\nStatus: {1} ok installed\nVersion: {2}-1\n\n'.format(n, 'hold' if held else 'install', version)
+        for n in ('nvidia-kernel-dkms', 'libcuda1')) + 'Package: bash\nStatus: install ok installed\nVersion: 5.2\n')
+    return str(proc), str(root)
+
+
+def found(proc, root, loaded='580.95.05', installed=('580.95.05',), hold=True):
+    return nk.findings(nk.state(proc, root), loaded, list(installed), hold)
+
+
+def test_a_node_whose_module_is_built_for_its_kernels_and_held_has_no_finding(tmp_path):
+    proc, root = node(tmp_path, kernels=(RUNNING, NEXT), built=(RUNNING, NEXT))
+    st = nk.state(proc, root)
+    assert (st['running_kernel'], st['next_kernel'], st['next_kernel_why']) == (RUNNING, NEXT, 'the newest installed')
+    assert st['dkms'] == {'580.95.05': {'built': [RUNNING, NEXT], 'make_log': None}}
+    assert st['packages'] == {'nvidia-kernel-dkms': {'version': '580.95.05-1', 'held': True},
+                              'libcuda1': {'version': '580.95.05-1', 'held': True}}
+    assert found(proc, root) == []
+
+
+def test_the_kernel_a_node_boots_next_without_the_module_or_with_a_failed_build(tmp_path):
+    proc, root = node(tmp_path, kernels=(RUNNING, NEXT))
+    (missing,) = found(proc, root)
+    assert missing['code'] == 'module_missing_next_kernel' and missing['kernel'] == NEXT
+    assert missing['fix'] == 'apt install proxmox-headers-{0} && dkms install nvidia/580.95.05 -k {0}'.format(NEXT)
+    put(root, 'var/lib/dkms/nvidia/580.95.05/build/make.log', 'error\n')
+    (failed,) = found(proc, root)
+    assert failed['code'] == 'module_build_failed' and failed['log'].endswith('580.95.05/build/make.log')
+    assert 'proxmox-boot-tool kernel pin ' + RUNNING in failed['fix']
+    # pinned to the running kernel, the node boots it again: nothing to say
+    put(root, 'etc/kernel/proxmox-boot-pin', RUNNING + '\n')
+    assert nk.next_kernel(root, RUNNING) == (RUNNING, 'pinned') and found(proc, root) == []
+    # a next-boot pin wins over the pin
+    put(root, 'etc/kernel/next-boot-pin', NEXT + '\n')
+    assert nk.next_kernel(root, RUNNING) == (NEXT, 'pinned for the next boot')
+
+
+def test_a_module_built_for_the_next_kernel_of_another_version_than_the_userspace(tmp_path):
+    proc, root = node(tmp_path, kernels=(RUNNING, NEXT), built=(RUNNING, NEXT), version='570.172.08')
+    (other,) = found(proc, root, loaded='570.172.08', installed=['570.172.08', '580.95.05'])
+    assert other['code'] == 'module_version_next_kernel' and other['fix'] == 'dkms install nvidia/580.95.05 -k ' + NEXT
+    assert 'is 570.172.08, but the userspace driver is 580.95.05' in other['msg']
+
+
+def test_the_running_kernel_without_its_module_and_a_runfile_install(tmp_path):
+    proc, root = node(tmp_path, kernels=(RUNNING, NEXT), built=())
+    codes = [f['code'] for f in found(proc, root)]
+    assert codes == ['module_missing_running_kernel', 'module_missing_next_kernel']
+    # NVIDIA's installer without DKMS: the module under kernel/drivers/video, no DKMS tree, no packages
+    put(root, 'lib/modules/{0}/kernel/drivers/video/nvidia.ko'.format(RUNNING))
+    os.unlink(os.path.join(root, 'var/lib/dpkg/status'))
+    (missing,) = found(proc, root)
+    assert missing['fix'] == ('apt install proxmox-headers-{0} && sh NVIDIA-Linux-x86_64-580.95.05.run --silent '
+                              '--kernel-name={0}'.format(NEXT))
+
+
+def test_driver_packages_not_held_and_no_proc_to_compare(tmp_path):
+    proc, root = node(tmp_path, held=False)
+    (loose,) = found(proc, root)
+    assert loose['code'] == 'driver_not_held' and loose['fix'] == 'apt-mark hold libcuda1 nvidia-kernel-dkms'
+    assert found(proc, root, hold=False) == []
+    assert found(str(tmp_path / 'elsewhere'), root) == []  # no osrelease: not a node's /proc
+    assert sorted(['6.8.12-9-pve', '6.14.11-4-pve', '6.8.12-10-pve'], key=nk.version_key) == \
+        ['6.8.12-9-pve', '6.8.12-10-pve', '6.14.11-4-pve']
