@@ -25,10 +25,12 @@ class ActionModule(ActionBase):
         for host in args.get('hosts') or []:
             deferral = (host_var(hostvars, host, args.get('var') or '') or {}).get('deferred')
             if deferral and deferral.get('node') == node:
-                calls.append({'host': host, 'argv': deferral['argv'], 'stdin': _deferred.stdin_of(deferral)})
+                calls.append(dict(_deferred.call_of(deferral), host=host))
         if not calls:
             return dict(result, changed=False, runs={})
         args['calls'] = calls
         result.update(self._execute_module(module_args=args, task_vars=task_vars))
+        # the calls' command lines carry their tasks' environment: not in the result (nor its logs)
+        result.pop('invocation', None)
         result['changed'] = False
         return result

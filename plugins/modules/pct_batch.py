@@ -55,7 +55,8 @@ options:
   calls:
     description:
       - The calls to run, each C(host), C(argv) and C(stdin). The action plugin makes this from O(hosts) and O(var);
-        tasks do not give it.
+        tasks do not give it. The action leaves them out of the task's result (a call's command line carries its
+        task's environment).
     type: list
     elements: dict
     default: []

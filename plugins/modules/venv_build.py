@@ -199,7 +199,7 @@ RETURN = r'''
 deferred:
   description:
     - With O(defer), where the call was recorded for the node (no other key then) - the module, its arguments, the
-      container's node and vmid, the command and where its input is kept on the controller.
+      container's node and vmid, and the private file on the controller that holds the call.
   returned: when deferred
   type: dict
 id:

@@ -14,6 +14,7 @@ This pays where the calls only read (check runs): each container costs a pct exe
 task's round trip from the controller."""
 
 
+import json
 import os
 import tempfile
 
@@ -63,7 +64,8 @@ def can_defer(action):
 
 def record(action, module, args, task_vars):
     """The deferral of module(args) in this task's container: the node it runs on (the container's gpufleet_node),
-    the node's argv that runs it (pct exec <vmid> -- ...) and a file on the controller holding its input."""
+    its vmid, and a private file on the controller holding the call (call_of: the node's argv that runs it, pct exec
+    <vmid> -- ..., and its input)."""
     made = {}
     conn = action._connection
 
@@ -73,17 +75,19 @@ def record(action, module, args, task_vars):
         return 0, _RECORDED, b''
 
     _through(action, _Connection(conn, keep), module, args, task_vars)
+    # the command line carries the task's environment (a proxy's credentials, say): it stays in a private file on
+    # the controller, out of the task's result
     fd, path = tempfile.mkstemp(prefix='gpufleet-deferred-', dir=C.DEFAULT_LOCAL_TMP)
-    with os.fdopen(fd, 'wb') as fh:
-        fh.write(made['stdin'])
-    return {'module': module, 'args': args, 'node': task_vars.get('gpufleet_node'),
-            'vmid': conn.vmid(), 'argv': made['argv'], 'stdin': path}
+    with os.fdopen(fd, 'w') as fh:
+        json.dump({'argv': made['argv'], 'stdin': to_text(made['stdin'], errors='surrogate_or_strict')}, fh)
+    return {'module': module, 'args': args, 'node': task_vars.get('gpufleet_node'), 'vmid': conn.vmid(),
+            'call': path}
 
 
-def stdin_of(deferral):
-    """The recorded input of a deferred call (its module's payload), as text."""
-    with open(deferral['stdin'], 'rb') as fh:
-        return to_text(fh.read(), errors='surrogate_or_strict')
+def call_of(deferral):
+    """A deferred call as its node runs it: {argv, stdin} (the node's argv, the module's payload)."""
+    with open(deferral['call']) as fh:
+        return json.load(fh)
 
 
 def replay(action, deferral, ran, task_vars):

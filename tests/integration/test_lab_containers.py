@@ -1,6 +1,7 @@
 """Containers made through the lab's API are real LXC containers, reached with `pct` over SSH."""
 
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -303,3 +304,45 @@ def test_the_wheelhouse_holds_exactly_the_cpu_profiles_lock_and_uv(lab):
     want = dict((key, version) for key, (version, _hashes) in pins.items())
     want['uv'] = UV_PIN.split('==')[1]
     assert wheels == want
+
+
+def test_a_node_boots_the_kernel_its_pins_or_the_newest_say_and_without_its_module_has_no_driver(lab):
+    """A reboot runs the kernel proxmox-boot-tool sets up (the next-boot pin, used up by the boot; else the pin; else
+    the newest installed); where that kernel has no NVIDIA module (its DKMS build failed), the driver is not loaded:
+    no /proc/driver/nvidia, no nvidia lines in /proc/devices. The running kernel pinned, the next reboot has it back."""
+    node, upcoming = lab.on('pve1'), '6.17.2-1-pve'
+    osrelease = os.path.join(lab.proc_dir, 'sys', 'kernel', 'osrelease')
+    version = os.path.join(lab.proc_dir, 'driver', 'nvidia', 'version')
+    made = [os.path.join(node.node_files, p) for p in (
+        'boot/vmlinuz-' + upcoming, 'lib/modules/' + upcoming, 'etc/kernel',
+        'var/lib/dkms/nvidia/{0}/{1}'.format(node.driver_version, upcoming),
+        'var/lib/dkms/nvidia/{0}/build'.format(node.driver_version))]
+
+    def reboot():
+        manager.reboot_node(lab, say=lambda msg: None)
+        with open(osrelease) as fh:
+            return fh.read().strip()
+
+    try:
+        manager.install_kernel(lab, 'pve1', upcoming, module='failed')
+        assert reboot() == upcoming  # the newest installed
+        assert not os.path.exists(version)
+        with open(os.path.join(lab.proc_dir, 'devices')) as fh:
+            assert 'nvidia' not in fh.read()
+        manager.install_kernel(lab, 'pve1', host.KERNEL, pin='pin')
+        assert reboot() == host.KERNEL and os.path.exists(version)
+        manager.install_kernel(lab, 'pve1', upcoming, module='built', pin='next-boot')
+        assert reboot() == upcoming and os.path.exists(version)  # once
+        assert not os.path.exists(os.path.join(node.node_files, 'etc', 'kernel', 'next-boot-pin'))
+        assert reboot() == host.KERNEL  # the pin again
+    finally:
+        for path in made:
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.unlink(path)
+        reboot()
+        manager.up(lab, say=lambda msg: None)  # the lab's own stand-ins back, as they were made at its first boot
+    with open(osrelease) as fh:
+        assert fh.read().strip() == host.KERNEL
+    assert os.path.exists(version)

@@ -1,5 +1,6 @@
 """The gpufleet.proxmox.pct connection plugin: tasks in a lab container through pct exec on its node."""
 
+import json
 import os
 import subprocess
 import tempfile
@@ -158,7 +159,7 @@ def test_a_deferred_call_runs_on_its_node_and_each_container_takes_its_result(tm
         yaml.safe_dump(hosts, fh)
     record = {'name': 'record', 'hosts': 'ct', 'gather_facts': False, 'tasks': [
         {'gpufleet.proxmox.venv_build': {'defer': True, 'rollback': True, 'root': '/tmp/none', 'link': '/tmp/none/l'},
-         'register': 'built'}]}
+         'environment': {'HTTPS_PROXY': 'http://user:SECRET@proxy:3128'}, 'register': 'built'}]}
     batch = {'name': 'the node', 'hosts': 'node', 'gather_facts': False, 'tasks': [
         {'gpufleet.proxmox.pct_batch': {'hosts': ['ct'], 'var': 'built'}, 'register': 'ran'}]}
 
@@ -169,8 +170,9 @@ def test_a_deferred_call_runs_on_its_node_and_each_container_takes_its_result(tm
     node_batch = "{{ hostvars['node'].ran }}"
     r = run_playbook([record, batch, take(node_batch)], tmp_path, '--check', inventory=inv)
     recorded, ran, took = [p['tasks'][0]['hosts'][h] for p, h in zip(r.data['plays'], ('ct', 'node', 'ct'))]
-    assert recorded['deferred']['node'] == 'node' and recorded['deferred']['argv'][:4] == \
-        [str(pct), 'exec', str(container), '--'], recorded
+    assert recorded['deferred']['node'] == 'node' and recorded['deferred']['vmid'] == container, recorded
+    assert 'argv' not in recorded['deferred'] and 'SECRET' not in json.dumps(r.data)  # the environment stays private
+    assert 'invocation' not in ran  # the calls are not in the node's result either
     assert 'there is no previous venv' in ran['runs']['ct']['stdout'] and int(count.read_text()) == 2  # tried again once
     # rollback with no venv before: the module's own failure, parsed from the node's run
     assert took.get('failed') and 'there is no previous venv under /tmp/none' in took['msg'], took

@@ -39,6 +39,8 @@ RESULT = {
     ],
     'node_info': {'gpu01': {'driver_version': '580.95.05', 'gpus': [{'index': i} for i in range(8)]},
                   'util01': {'driver_version': None, 'gpus': []}},
+    'drift': {'nodes': {'gpu01': [{'stage': 'node', 'item': 'module_build_failed', 'fix': 'read ...'},
+                                  {'stage': 'node', 'item': 'driver_not_held', 'fix': 'apt-mark hold libcuda1'}]}},
 }
 
 
@@ -96,12 +98,18 @@ def test_one_file_across_commands_each_run_replacing_what_it_saw(tmp_path):
     assert (got[('gpufleet_verify_ok', ct('train-0', 101))], got[('gpufleet_drift_items', ct('train-0', 101))]) == (0, 1)
     assert got[('gpufleet_last_run_exit_code', (('command', 'drift'),))] == 2  # the drift run's series are kept
     assert got[('gpufleet_last_run_exit_code', (('command', 'verify'),))] == 1
+    # the nodes' findings are the last drift check's, kept by other commands
+    found = sorted(dict(k[1])['item'] for k in got if k[0] == 'gpufleet_node_finding')
+    assert found == ['driver_not_held', 'module_build_failed']
     # a repair that verified the fleet leaves no drift, whatever it found
     fixed = dict(RESULT, exit_code=2)
     got = written(tmp_path, fixed, 'drift-fix', started=300.0, ended=310.0)
     assert got[('gpufleet_drift_items', ct('train-0', 101))] == 0
     assert sorted(dict(k[1])['command'] for k in got if k[0] == 'gpufleet_last_run_exit_code') == \
         ['drift', 'drift-fix', 'verify']
+    assert len([k for k in got if k[0] == 'gpufleet_node_finding']) == 2
+    got = written(tmp_path, dict(RESULT, drift={'nodes': {'gpu01': []}}), 'drift', started=400.0, ended=405.0)
+    assert not [k for k in got if k[0] == 'gpufleet_node_finding']  # the next check found none
 
 
 def test_the_file_is_replaced_whole_and_readable_by_the_collector(tmp_path):

@@ -4,7 +4,8 @@ One file holds the fleet as the last runs saw it. Each run writes it whole and a
 same directory, then a rename: the collector never reads half a file): its containers and nodes as this run saw
 them, the run's own time, exit code and duration under its `command` label, and from the file as it was, the other
 commands' run series and the drift of each container where this run did not look for drift (`up` and `verify`
-keep what the last drift run found). docs/operators.md lists the metrics.
+keep what the last drift run found), and the nodes' findings of the last drift check. docs/operators.md lists the
+metrics.
 """
 
 import re
@@ -30,6 +31,8 @@ METRICS = (
      CONTAINER + ('torch_version', 'cuda_version', 'driver_version')),
     ('node_driver_info', 'The NVIDIA driver version loaded on the node (always 1).', ('node', 'driver_version')),
     ('node_gpus', 'GPUs on the node.', ('node',)),
+    ('node_finding', 'A finding on the node that the last drift check made (always 1; item says which, such as '
+     'module_build_failed: the kernel it boots next has no NVIDIA module).', ('node', 'item')),
     ('last_run_timestamp_seconds', 'When the last run of the command ended (Unix time).', ('command',)),
     ('last_run_exit_code', 'The last run\'s exit code (0 clean, 1 error, 2 drift, 4 unreachable).', ('command',)),
     ('run_duration_seconds', 'How long the last run of the command took.', ('command',)),
@@ -100,6 +103,12 @@ def samples(result, command, ended, took, before=()):
         if info.get('driver_version'):
             out.append(('node_driver_info', {'node': node, 'driver_version': info['driver_version']}, 1))
         out.append(('node_gpus', {'node': node}, len(info.get('gpus') or [])))
+    if command == 'drift':
+        for node, items in sorted(((result.get('drift') or {}).get('nodes') or {}).items()):
+            for item in sorted({i.get('item') for i in items if i.get('item')}):
+                out.append(('node_finding', {'node': node, 'item': item}, 1))
+    else:  # a repair run's findings are those it started from: the next check says what is left
+        out.extend(s for s in before if s[0] == 'node_finding')
     runs = dict(((s[0], s[1].get('command')), s) for s in before if s[0] in RUN and s[1].get('command') != command)
     runs.update(((name, command), (name, {'command': command}, value)) for name, value in (
         ('last_run_timestamp_seconds', round(ended, 3)), ('last_run_exit_code', result.get('exit_code', 1)),

@@ -168,6 +168,7 @@ def reset(lab=None, say=print):
     for node in lab.cluster():
         if os.path.isdir(node.pve_conf_dir):
             shutil.rmtree(node.pve_conf_dir)
+        host.reset_kernel(node)  # each node's kernel, module and packages as a node starts (up makes them)
     host.remove_lxc_cgroups()
     say('lab reset: no containers')
     return up(lab, say)

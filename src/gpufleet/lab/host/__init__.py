@@ -15,7 +15,7 @@ from .base import (  # noqa: F401
     shift_ids)
 from .gpus import (  # noqa: F401
     KERNEL, add_kernel, ensure_gpus, free_dynamic_major, gpu_record_key, hold_driver, lose_gpu_nodes, real_nvidia,
-    remove_gpus, swap_cards)
+    remove_gpus, reset_kernel, swap_cards)
 from .network import ensure_network, ensure_sysctls, remove_network, remove_sysctls  # noqa: F401
 from .services import (  # noqa: F401
     code_version, daemon_running, ensure_commands, ensure_sshd, remove_commands, remove_lxc_cgroups, sshd_running,

@@ -4,6 +4,8 @@ driver and nvidia-smi."""
 import glob
 import json
 import os
+import re
+import shutil
 from ..layout import NODE
 
 from ._util import LabError, _write, sh
@@ -133,18 +135,22 @@ def device_minor(index, count):
 
 
 def write_proc(lab, uvm_major):
-    """The node's /proc as its NVIDIA driver shows it (none where the node has no GPUs), its nvidia-smi and its
-    userspace driver's libraries."""
+    """The node's /proc as its NVIDIA driver shows it (none where the node has no GPUs, or where the kernel it runs
+    has no NVIDIA module to load), its nvidia-smi and its userspace driver's libraries."""
     os.makedirs(lab.proc_dir, exist_ok=True)
+    if lab.gpus:
+        ensure_kernel(lab)
+    loaded = bool(lab.gpus) and module_loads(lab)
     with open(os.path.join(lab.proc_dir, 'devices'), 'w') as fh:
         fh.write('Character devices:\n  1 mem\n  5 /dev/tty\n136 pts\n' +
-                 ('195 nvidia-frontend\n{0} nvidia-uvm\n'.format(uvm_major) if lab.gpus else '') +
+                 ('195 nvidia-frontend\n{0} nvidia-uvm\n'.format(uvm_major) if loaded else '') +
                  '\nBlock devices:\n  7 loop\n')
     with open(os.path.join(lab.proc_dir, 'modules'), 'w') as fh:
         fh.write('nvidia_uvm 1966080 0 - Live 0x0000000000000000 (PO)\n'
                  'nvidia_modeset 1568768 0 - Live 0x0000000000000000 (PO)\n'
-                 'nvidia 104071168 2 nvidia_uvm,nvidia_modeset, Live 0x0000000000000000 (PO)\n' if lab.gpus else '')
-    if not lab.gpus:
+                 'nvidia 104071168 2 nvidia_uvm,nvidia_modeset, Live 0x0000000000000000 (PO)\n' if loaded else '')
+    if not loaded:
+        shutil.rmtree(os.path.join(lab.proc_dir, 'driver', 'nvidia'), ignore_errors=True)
         return
     os.makedirs(os.path.join(lab.proc_dir, 'driver', 'nvidia'), exist_ok=True)
     smi = os.path.join(lab.driver_dir, 'bin', 'nvidia-smi')
@@ -165,7 +171,6 @@ def write_proc(lab, uvm_major):
     with open(os.path.join(lab.proc_dir, 'driver', 'nvidia', 'version'), 'w') as fh:
         fh.write('NVRM version: NVIDIA UNIX x86_64 Kernel Module  {0}  Tue Sep 30 12:00:00 UTC 2025\n'
                  'GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n'.format(lab.driver_version))
-    ensure_kernel(lab)
 
 
 # The kernel the lab's nodes run (a PVE 9 kernel). A node's driver starts as a Debian/DKMS install: the module built
@@ -178,12 +183,68 @@ DRIVER_PACKAGES = ('nvidia-kernel-dkms', 'nvidia-driver', 'libcuda1', 'libnvidia
 def ensure_kernel(lab):
     """The node's running kernel (its /proc/sys/kernel/osrelease) with the driver's module built for it, and the
     driver's packages, made once: a test's changes stay until the lab is made again."""
-    osrelease = os.path.join(lab.proc_dir, 'sys', 'kernel', 'osrelease')
+    osrelease = _osrelease(lab)
     if os.path.exists(osrelease):
         return
     add_kernel(lab, KERNEL)
     hold_driver(lab, True)
     _write(osrelease, (KERNEL + '\n').encode(), 0o644)
+
+
+def _osrelease(lab):
+    return os.path.join(lab.proc_dir, 'sys', 'kernel', 'osrelease')
+
+
+def _first_line(path):
+    try:
+        with open(path) as fh:
+            return fh.readline().strip() or None
+    except OSError:
+        return None
+
+
+def _version_key(release):
+    return [int(p) if p.isdigit() else p for p in re.split(r'(\d+)', release)]
+
+
+# Where a kernel's NVIDIA module can be: DKMS installs it under updates/dkms, NVIDIA's installer without DKMS under
+# kernel/drivers/video (modprobe finds either through modules.dep).
+MODULE_PLACES = ('updates/dkms', 'kernel/drivers/video', 'extra', 'updates')
+
+
+def module_loads(lab):
+    """Whether the kernel the node runs has an NVIDIA module to load."""
+    release = _first_line(_osrelease(lab))
+    if not release:
+        return True  # a node made before the lab knew kernels: its driver loads as it always did
+    return any(glob.glob(os.path.join(lab.node_files, 'lib', 'modules', release, place, 'nvidia.ko*'))
+               for place in MODULE_PLACES)
+
+
+def boot_kernel(lab):
+    """The kernel a boot runs, as proxmox-boot-tool sets the boot up: the next-boot pin (which the boot uses up:
+    proxmox-boot-cleanup.service removes /etc/kernel/next-boot-pin once the node is up), else the pin
+    (/etc/kernel/proxmox-boot-pin), else the newest kernel installed (proxmox-kernel-helper proxmox-boot/functions;
+    grub and systemd-boot list kernels newest first). Returns it."""
+    kernel_dir = os.path.join(lab.node_files, 'etc', 'kernel')
+    once = os.path.join(kernel_dir, 'next-boot-pin')
+    installed = [os.path.basename(p)[len('vmlinuz-'):]
+                 for p in glob.glob(os.path.join(lab.node_files, 'boot', 'vmlinuz-*'))]
+    release = (_first_line(once) or _first_line(os.path.join(kernel_dir, 'proxmox-boot-pin'))
+               or (max(installed, key=_version_key) if installed else None))
+    if os.path.exists(once):
+        os.unlink(once)
+    if release:
+        _write(_osrelease(lab), (release + '\n').encode(), 0o644)
+    return release
+
+
+def reset_kernel(lab):
+    """Forget what tests did to the node's kernels, modules and packages; the next write_proc makes them anew."""
+    for rel in ('boot', 'lib/modules', 'etc/kernel', 'var/lib/dkms', 'var/lib/dpkg'):
+        shutil.rmtree(os.path.join(lab.node_files, rel), ignore_errors=True)
+    if os.path.exists(_osrelease(lab)):
+        os.unlink(_osrelease(lab))
 
 
 def add_kernel(lab, release, module='built', version=None):
@@ -238,8 +299,9 @@ def build_driver_libs(directory, version):
 
 def lose_gpu_nodes(lab, record):
     """What a reboot does to the stand-ins: the device nodes are gone (/dev is a fresh devtmpfs, and the NVIDIA
-    driver makes none when it loads: nvidia-modprobe or udev does), and nvidia-uvm loads on another major (the
-    kernel's pick). Returns the new major."""
+    driver makes none when it loads: nvidia-modprobe or udev does), nvidia-uvm loads on another major (the
+    kernel's pick), and the node runs the kernel its boot set-up names (boot_kernel): without an NVIDIA module for
+    it, no driver loads. Returns the new major."""
     gpus = record.get(gpu_record_key(lab)) or {}
     if gpus.get('real'):
         raise LabError('the lab uses real NVIDIA device nodes here; it does not reboot them')
@@ -253,6 +315,7 @@ def lose_gpu_nodes(lab, record):
         if node[1] == gpus['uvm_major']:
             node[1] = uvm
     gpus['uvm_major'] = uvm
+    boot_kernel(lab)
     write_proc(lab, uvm)
     return uvm
 
