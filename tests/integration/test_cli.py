@@ -111,6 +111,20 @@ def test_drift_exit_codes_check_then_fix(fleet):
     assert ran(values, 'drift-fix') == (2, True, True) and ran(values, 'drift')[0] == 2  # the check's run is kept
     assert gpufleet(fleet['home'], fleet['file'], 'drift').returncode == 0
 
+    # a finding on the node: its line with its fix, and in the metrics until a check no longer finds it
+    from gpufleet.lab import manager
+    finding = ('gpufleet_node_finding', (('item', 'driver_not_held'), ('node', 'pve1')))
+    manager.hold_driver(name='pve1', held=False)
+    try:
+        loose = gpufleet(fleet['home'], fleet['file'], 'drift', '--metrics', str(prom))
+        assert loose.returncode == 2 and metric_values(prom)[finding] == 1
+        assert 'node pve1: node driver_not_held: the driver packages ' in loose.stdout
+        assert '(fix: apt-mark hold libcuda1 libnvidia-ml1 nvidia-driver nvidia-kernel-dkms)' in loose.stdout
+    finally:
+        manager.hold_driver(name='pve1', held=True)
+    held = gpufleet(fleet['home'], fleet['file'], 'drift', '--metrics', str(prom))
+    assert held.returncode == 0 and finding not in metric_values(prom)
+
 
 def test_a_failed_verification_is_an_error(fleet):
     prom = fleet['home'].parent / 'verify.prom'

@@ -39,8 +39,8 @@ RESULT = {
     ],
     'node_info': {'gpu01': {'driver_version': '580.95.05', 'gpus': [{'index': i} for i in range(8)]},
                   'util01': {'driver_version': None, 'gpus': []}},
-    'drift': {'nodes': {'gpu01': [{'stage': 'node', 'item': 'module_build_failed', 'fix': 'read ...'},
-                                  {'stage': 'node', 'item': 'driver_not_held', 'fix': 'apt-mark hold libcuda1'}]}},
+    'nodes': {'gpu01': [{'stage': 'node', 'item': 'module_build_failed', 'fix': 'read ...'},
+                        {'stage': 'node', 'item': 'driver_not_held', 'fix': 'apt-mark hold libcuda1'}]},
 }
 
 
@@ -108,7 +108,7 @@ def test_one_file_across_commands_each_run_replacing_what_it_saw(tmp_path):
     assert sorted(dict(k[1])['command'] for k in got if k[0] == 'gpufleet_last_run_exit_code') == \
         ['drift', 'drift-fix', 'verify']
     assert len([k for k in got if k[0] == 'gpufleet_node_finding']) == 2
-    got = written(tmp_path, dict(RESULT, drift={'nodes': {'gpu01': []}}), 'drift', started=400.0, ended=405.0)
+    got = written(tmp_path, dict(RESULT, nodes={}), 'drift', started=400.0, ended=405.0)
     assert not [k for k in got if k[0] == 'gpufleet_node_finding']  # the next check found none
 
 

@@ -104,7 +104,7 @@ def samples(result, command, ended, took, before=()):
             out.append(('node_driver_info', {'node': node, 'driver_version': info['driver_version']}, 1))
         out.append(('node_gpus', {'node': node}, len(info.get('gpus') or [])))
     if command == 'drift':
-        for node, items in sorted(((result.get('drift') or {}).get('nodes') or {}).items()):
+        for node, items in sorted((result.get('nodes') or {}).items()):
             for item in sorted({i.get('item') for i in items if i.get('item')}):
                 out.append(('node_finding', {'node': node, 'item': item}, 1))
     else:  # a repair run's findings are those it started from: the next check says what is left

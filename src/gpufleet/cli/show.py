@@ -125,11 +125,12 @@ def render_checks(rows, console):
 
 def render(result, console=None):
     """The end of a run on stdout: a table per container on a terminal, one line per container and per drift
-    item elsewhere (logs, cron mail), then unreachable or failed hosts and the verdict; the doctor's checks."""
+    item elsewhere (logs, cron mail: each a line of its own, however long), then unreachable or failed hosts and the
+    verdict; the doctor's checks."""
     console = console or Console(highlight=False)
     if 'checks' in result:
         render_checks(result['checks'], console)
-        console.print(result['verdict'], markup=False)
+        console.print(result['verdict'], markup=False, soft_wrap=True)
         return
     rows = result['containers']
     if rows and console.is_terminal:
@@ -146,17 +147,17 @@ def render(result, console=None):
         for row in rows:
             console.print('{0} (node {1}, CT {2}): torch {3}, cuda {4}, devices {5}, ok {6}'.format(
                 row['host'], row.get('node') or '-', row.get('vmid') or '-', row.get('torch_version') or '-',
-                row.get('cuda_version') or '-', _devices(row), _ok(row)), markup=False)
+                row.get('cuda_version') or '-', _devices(row), _ok(row)), markup=False, soft_wrap=True)
             for line in _drift_lines(row) + row.get('failures', []):
-                console.print('  ' + line, markup=False)
+                console.print('  ' + line, markup=False, soft_wrap=True)
     for node, items in sorted(result.get('nodes', {}).items()):
         for i in items:
-            console.print('node {0}: {1} {2}: {3}'.format(node, i['stage'], i['item'], i['detail']), markup=False)
+            console.print('node {0}: {1}'.format(node, drift_line(i)), markup=False, soft_wrap=True)
     for host, stats in sorted(result['hosts'].items()):
         if stats['unreachable'] or stats['failures']:
             console.print('{0}: {1}'.format(host, 'unreachable' if stats['unreachable'] else
-                                            '{0} task(s) failed'.format(stats['failures'])), markup=False)
-    console.print(result['verdict'], markup=False)
+                                            '{0} task(s) failed'.format(stats['failures'])), markup=False, soft_wrap=True)
+    console.print(result['verdict'], markup=False, soft_wrap=True)
 
 
 def error(message):
