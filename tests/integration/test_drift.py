@@ -331,10 +331,6 @@ def test_a_node_that_would_lose_its_gpus_at_its_next_boot_or_whose_driver_is_not
     for that kernel, or the running kernel pinned, is none."""
     from gpufleet.lab import host, manager
     node, upcoming = lab.on('pve1'), '6.17.2-1-pve'
-    made = [os.path.join(node.node_files, p) for p in (
-        'boot/vmlinuz-' + upcoming, 'lib/modules/' + upcoming, 'etc/kernel',
-        'var/lib/dkms/nvidia/{0}/{1}'.format(node.driver_version, upcoming),
-        'var/lib/dkms/nvidia/{0}/build'.format(node.driver_version))]
 
     def node_items():
         check = drift(tmp_path, fleet['fleet'], '--check')
@@ -349,7 +345,7 @@ def test_a_node_that_would_lose_its_gpus_at_its_next_boot_or_whose_driver_is_not
         assert failed['fix'].endswith('proxmox-boot-tool kernel pin ' + host.KERNEL)
 
         manager.install_kernel(lab, 'pve1', upcoming, module=None)
-        shutil.rmtree(made[-1])  # no build was tried
+        shutil.rmtree(os.path.join(node.node_files, 'var/lib/dkms/nvidia', node.driver_version, 'build'))  # none tried
         (missing,) = node_items()
         assert missing['item'] == 'module_missing_next_kernel'
         assert missing['fix'] == 'apt install proxmox-headers-{0} && dkms install nvidia/{1} -k {0}'.format(
@@ -357,7 +353,7 @@ def test_a_node_that_would_lose_its_gpus_at_its_next_boot_or_whose_driver_is_not
 
         manager.install_kernel(lab, 'pve1', host.KERNEL, pin='pin')  # the running kernel pinned: it boots again
         assert node_items() == []
-        shutil.rmtree(made[2])
+        shutil.rmtree(os.path.join(node.node_files, 'etc', 'kernel'))  # unpinned
         manager.install_kernel(lab, 'pve1', upcoming, module='built')
         assert node_items() == []
 
@@ -369,10 +365,5 @@ def test_a_node_that_would_lose_its_gpus_at_its_next_boot_or_whose_driver_is_not
         fix = drift(tmp_path, fleet['fleet'])
         assert fix.rc == 0 and [i['item'] for i in summary(tmp_path)['nodes']['pve1']] == ['driver_not_held']
     finally:
-        for path in made:
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            elif os.path.exists(path):
-                os.unlink(path)
-        manager.hold_driver(lab, 'pve1', held=True)
+        manager.restore_kernel(lab, 'pve1')
     assert node_items() == []

@@ -265,6 +265,15 @@ def install_kernel(lab=None, name=None, release='6.17.2-1-pve', module='built', 
     return release
 
 
+def restore_kernel(lab=None, name=None):
+    """A node's kernels, NVIDIA module and driver packages as the node started with them (what install_kernel and
+    hold_driver did undone; what a reboot loaded stays until the next one)."""
+    lab = lab or Lab()
+    node = _node(lab, name)
+    host.reset_kernel(node)
+    host.ensure_kernel(node)
+
+
 def hold_driver(lab=None, name=None, held=True):
     """A node's driver packages held from upgrades (apt-mark hold) or not."""
     lab = lab or Lab()

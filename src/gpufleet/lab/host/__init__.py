@@ -14,7 +14,7 @@ from .base import (  # noqa: F401
     ensure_base, ensure_subids, ensure_templates, ensure_wheelhouse, make_template, preflight, remove_subids,
     shift_ids)
 from .gpus import (  # noqa: F401
-    KERNEL, add_kernel, ensure_gpus, free_dynamic_major, gpu_record_key, hold_driver, lose_gpu_nodes, real_nvidia,
+    KERNEL, add_kernel, ensure_gpus, ensure_kernel, free_dynamic_major, gpu_record_key, hold_driver, lose_gpu_nodes, real_nvidia,
     remove_gpus, reset_kernel, swap_cards)
 from .network import ensure_network, ensure_sysctls, remove_network, remove_sysctls  # noqa: F401
 from .services import (  # noqa: F401
