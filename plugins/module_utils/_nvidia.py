@@ -16,6 +16,7 @@ import subprocess
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import read_text, replace_link, write_text
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._nvidia_devices import (
     CONTROL_NODES, UVM_NODES, char_majors, gpu_indexes, node_info)
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._nvidia_kernel import version_key
 
 VERSION_RE = re.compile(r'Kernel Module(?: for [^ ]+)?\s+(\d+\.\d+(?:\.\d+)?)')
 
@@ -234,7 +235,8 @@ def bundle_stale(path, wanted):
 
 
 def installed_versions(lib_dirs):
-    """The versions of the libcuda.so.<version> files in lib_dirs (the userspace drivers installed), sorted."""
+    """The versions of the libcuda.so.<version> files in lib_dirs (the userspace drivers installed), oldest first
+    (by version: 580.105.08 after 580.95.05)."""
     found = set()
     for d in lib_dirs:
         try:
@@ -245,7 +247,7 @@ def installed_versions(lib_dirs):
             m = re.match(r'^libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$', name)
             if m and os.path.isfile(os.path.join(d, name)):
                 found.add(m.group(1))
-    return sorted(found)
+    return sorted(found, key=version_key)
 
 
 def bundle_intact(path, version, libs):

@@ -17,6 +17,8 @@ import glob
 import os
 import re
 
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import read_text
+
 MODULE_FILES = ('nvidia.ko', 'nvidia.ko.xz', 'nvidia.ko.zst', 'nvidia.ko.gz')
 MODULE_DIRS = ('updates/dkms', 'kernel/drivers/video', 'extra', 'updates')
 # The driver's Debian packages (NVIDIA's CUDA repository and Debian's own) that an upgrade must not move alone.
@@ -28,17 +30,15 @@ def version_key(version):
     return [int(part) if part.isdigit() else part for part in re.split(r'(\d+)', version)]
 
 
-def _read_first_line(path):
-    try:
-        with open(path) as fh:
-            return fh.readline().strip() or None
-    except (IOError, OSError):
-        return None
+def _first_line(path):
+    """The file's first line, stripped; None where it is missing or empty."""
+    lines = (read_text(path) or '').splitlines()
+    return (lines[0].strip() or None) if lines else None
 
 
 def running_kernel(proc_root='/proc'):
     """The release of the kernel that runs (uname -r)."""
-    return _read_first_line(os.path.join(proc_root, 'sys', 'kernel', 'osrelease'))
+    return _first_line(os.path.join(proc_root, 'sys', 'kernel', 'osrelease'))
 
 
 def installed_kernels(root='/'):
@@ -51,7 +51,7 @@ def next_kernel(root='/', running=None):
     """(release, why) of the kernel the node boots next: a next-boot pin, else a pin, else the newest installed
     (else the running one)."""
     for name, why in (('next-boot-pin', 'pinned for the next boot'), ('proxmox-boot-pin', 'pinned')):
-        pinned = _read_first_line(os.path.join(root, 'etc', 'kernel', name))
+        pinned = _first_line(os.path.join(root, 'etc', 'kernel', name))
         if pinned:
             return pinned, why
     kernels = installed_kernels(root)
@@ -87,12 +87,7 @@ def dkms(root='/', module='nvidia'):
 def packages(root='/'):
     """The driver's Debian packages installed: {name: {'version', 'held'}} (dpkg's status file)."""
     found = {}
-    try:
-        with open(os.path.join(root, 'var', 'lib', 'dpkg', 'status')) as fh:
-            stanzas = fh.read().split('\n\n')
-    except (IOError, OSError):
-        return found
-    for stanza in stanzas:
+    for stanza in (read_text(os.path.join(root, 'var', 'lib', 'dpkg', 'status')) or '').split('\n\n'):
         fields = dict(line.split(': ', 1) for line in stanza.splitlines() if ': ' in line and not line[:1].isspace())
         name, status = fields.get('Package', ''), fields.get('Status', '').split()
         if PACKAGE_RE.match(name) and status[-1:] == ['installed']:
@@ -110,16 +105,17 @@ def state(proc_root='/proc', root='/'):
 
 
 def findings(found, loaded, installed, hold=True):
-    """The gaps in found (state()) for a node that runs module version loaded with userspace versions installed:
-    no module for the running kernel, none (or a failed DKMS build) for the kernel it boots next, a module built
-    for that kernel of another version than the userspace, and, with hold, driver packages not held."""
+    """The gaps in found (state()) for a node that runs module version loaded with userspace versions installed
+    (_nvidia.installed_versions: newest last): no module for the running kernel, none (or a failed DKMS build) for
+    the kernel it boots next, a module built for that kernel of another version than the newest userspace, and, with
+    hold, driver packages not held."""
     out = []
     running, upcoming = found['running_kernel'], found['next_kernel']
     if not running:  # not a node's /proc: nothing to compare with
         return out
-    target = (installed or [loaded])[-1] if (installed or loaded) else None
+    target = installed[-1] if installed else loaded
     built = dict((k, v) for v, d in found['dkms'].items() for k in d['built'])
-    if running and loaded and not found['modules'].get(running):
+    if loaded and not found['modules'].get(running):
         out.append({'code': 'module_missing_running_kernel', 'kernel': running,
                     'fix': 'dkms install nvidia/{0} -k {1}'.format(loaded, running),
                     'msg': 'the running kernel {0} has no NVIDIA module installed (the loaded {1} cannot be loaded '

@@ -86,3 +86,15 @@ def test_driver_packages_not_held_and_no_proc_to_compare(tmp_path):
     assert found(str(tmp_path / 'elsewhere'), root) == []  # no osrelease: not a node's /proc
     assert sorted(['6.8.12-9-pve', '6.14.11-4-pve', '6.8.12-10-pve'], key=nk.version_key) == \
         ['6.8.12-9-pve', '6.8.12-10-pve', '6.14.11-4-pve']
+
+
+def test_the_newest_userspace_driver_is_the_newest_by_version_not_by_spelling(tmp_path):
+    from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia
+    lib = tmp_path / 'lib'
+    for version in ('580.105.08', '580.95.05'):
+        put(lib, 'libcuda.so.' + version)
+    installed = _nvidia.installed_versions([str(lib)])
+    assert installed == ['580.95.05', '580.105.08']
+    proc, root = node(tmp_path, kernels=(RUNNING, NEXT), built=(RUNNING, NEXT), version='580.95.05')
+    (other,) = found(proc, root, installed=installed)
+    assert other['code'] == 'module_version_next_kernel' and other['fix'] == 'dkms install nvidia/580.105.08 -k ' + NEXT
