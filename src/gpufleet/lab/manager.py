@@ -254,14 +254,7 @@ def install_kernel(lab=None, name=None, release='6.17.2-1-pve', module='built', 
     """A kernel installed on a node beside the one it runs, as an upgrade installs it, with the NVIDIA module of
     version (the node's driver by default) 'built' for it by DKMS, 'failed' (its make.log) or None (not built); pin:
     'pin' or 'next-boot' to pin release as proxmox-boot-tool kernel pin [--next-boot] does (/etc/kernel/...)."""
-    lab = lab or Lab()
-    node = _node(lab, name)
-    host.add_kernel(node, release, module, version)
-    if pin:
-        path = os.path.join(node.node_files, 'etc', 'kernel', 'next-boot-pin' if pin == 'next-boot' else 'proxmox-boot-pin')
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, 'w') as fh:
-            fh.write(release + '\n')
+    host.add_kernel(_node(lab or Lab(), name), release, module, version, pin)
     return release
 
 

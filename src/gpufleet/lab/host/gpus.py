@@ -8,7 +8,7 @@ import re
 import shutil
 from ..layout import NODE
 
-from ._util import LabError, _write, sh
+from ._util import LabError, _read, _write, sh
 
 
 # -- GPU stand-ins ------------------------------------------------------------------
@@ -196,11 +196,8 @@ def _osrelease(lab):
 
 
 def _first_line(path):
-    try:
-        with open(path) as fh:
-            return fh.readline().strip() or None
-    except OSError:
-        return None
+    lines = _read(path).splitlines()
+    return (lines[0].strip() or None) if lines else None
 
 
 def _version_key(release):
@@ -247,13 +244,17 @@ def reset_kernel(lab):
         os.unlink(_osrelease(lab))
 
 
-def add_kernel(lab, release, module='built', version=None):
+def add_kernel(lab, release, module='built', version=None, pin=None):
     """A kernel installed on the node (its /boot/vmlinuz), with the NVIDIA module of version (the node's driver by
     default) as DKMS leaves it: 'built' (the module under lib/modules/<release>/updates/dkms and DKMS's tree),
-    'failed' (no module; the build's make.log, as DKMS keeps it after a failed build) or None (not built at all)."""
+    'failed' (no module; the build's make.log, as DKMS keeps it after a failed build) or None (not built at all);
+    pin: 'pin' or 'next-boot' pins it as proxmox-boot-tool kernel pin [--next-boot] does (/etc/kernel/...)."""
     version = version or lab.driver_version
     root = lab.node_files
     _write(os.path.join(root, 'boot', 'vmlinuz-' + release), b'lab stand-in kernel\n', 0o644)
+    if pin:
+        _write(os.path.join(root, 'etc', 'kernel', 'next-boot-pin' if pin == 'next-boot' else 'proxmox-boot-pin'),
+               (release + '\n').encode(), 0o644)
     dkms = os.path.join(root, 'var', 'lib', 'dkms', 'nvidia', version)
     if module == 'built':
         for path in (os.path.join(root, 'lib', 'modules', release, 'updates', 'dkms', 'nvidia.ko'),
