@@ -49,10 +49,12 @@ class ActionModule(ControllerAction):
     def act(self, args, task_vars):
         play = task_vars.get('ansible_play_hosts_all') or []
         active = set(task_vars.get('ansible_play_hosts') or play)
-        seen = nodes_seen(task_vars.get('hostvars') or {}, [name for name in play if name in active])
-        # the play's nodes that dropped out of it (unreachable, or a task failed there), and the inventory's nodes
-        # outside the play (a run limited to some nodes): their containers are checked with the fleet and left out
-        # of the plan
+        # a play with serial plans its batch's nodes (a driver upgrade's roll: one node at a time)
+        batch = set(task_vars.get('ansible_play_batch') or active)
+        seen = nodes_seen(task_vars.get('hostvars') or {}, [name for name in play if name in active and name in batch])
+        # the play's nodes that dropped out of it (unreachable, or a task failed there), and the nodes outside the
+        # play or its batch (a run limited to some nodes, a roll's other nodes): their containers are checked with
+        # the fleet and left out of the plan
         down = sorted(name for name in play if name not in active)
         for name in down:
             seen[name] = {'indexes': None, 'reached': False}

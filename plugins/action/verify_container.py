@@ -51,7 +51,8 @@ class ActionModule(ActionBase):
                 # the record is written where torch_venv ran, so that a drift run can find it
                 record_fingerprint=now['fingerprint'] if 'id' in built else None,
                 **dict(('expect_' + k, v) for k, v in expect.items() if v not in (None, ''))), task_vars)
-        host = task_vars.get('inventory_hostname')
+        # the container (a node's play verifies one by delegating to it: verify's tasks_from container)
+        host = self._task.delegate_to or task_vars.get('inventory_hostname')
         report = _verdict.report(now, audit, probe, host, args['node'], args['vmid'], args['run'])
         result.update(changed=False, state=now, ansible_facts={
             'verify_audit': _verdict.plain(audit), 'verify_result': _verdict.plain(probe), 'verify_report': report})

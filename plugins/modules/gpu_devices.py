@@ -155,7 +155,9 @@ ansible_facts:
           C(bundle) (C(version) and C(path) of the driver bundle of the loaded module; null without O(bundle) or
           a loaded driver), C(kernels) with a loaded driver (C(running_kernel), C(next_kernel) and why,
           C(modules) the module file per kernel, C(dkms) per version the kernels built for and a failed build's
-          log, C(packages) the driver's Debian packages with their version and whether held).
+          log, C(packages) the driver's Debian packages with their version and whether held), and with a loaded
+          driver C(installed_versions), the userspace driver versions found in the bundle's C(lib_dirs), newest
+          last.
       type: dict
       returned: always
 '''
@@ -197,7 +199,8 @@ def main():
     if facts['driver_version'] is not None:
         facts['findings'].extend(_files.stale(p['boot_files']))
         facts['kernels'] = _nvidia_kernel.state(p['proc_root'], p['root'])
-        installed = _nvidia.installed_versions((p['bundle'] or {}).get('lib_dirs') or [])
+        facts['installed_versions'] = _nvidia.installed_versions((p['bundle'] or {}).get('lib_dirs') or [])
+        installed = facts['installed_versions']
         facts['findings'].extend(_nvidia_kernel.findings(facts['kernels'], facts['driver_version'], installed,
                                                          p['driver_hold']))
     module.exit_json(changed=False, ansible_facts={'gpufleet_gpu_devices': facts})

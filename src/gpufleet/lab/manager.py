@@ -223,6 +223,7 @@ def node_up(lab=None, name=None, say=print):
     started: [{vmid, exitstatus}]}."""
     lab = lab or Lab()
     node = _node(lab, name)
+    host.ensure_boot_id(node, new=True)
     host.ensure_sshd(node)
     units = run_boot_units(node)
     started = Control(lab).call('POST', '/node', {'node': node.node, 'phase': 'up'})
@@ -260,11 +261,21 @@ def install_kernel(lab=None, name=None, release='6.17.2-1-pve', module='built', 
 
 def restore_kernel(lab=None, name=None):
     """A node's kernels, NVIDIA module and driver packages as the node started with them (what install_kernel and
-    hold_driver did undone; what a reboot loaded stays until the next one)."""
+    hold_driver and driver installs did undone; a module of another version loaded since is the node's own again)."""
     lab = lab or Lab()
     node = _node(lab, name)
     host.reset_kernel(node)
     host.ensure_kernel(node)
+    if node.gpus:
+        host.write_userspace(node)
+
+
+def offer_driver(lab=None, name=None, version='580.105.08', fails_on=()):
+    """A node's package sources offer the NVIDIA driver of version (Debian's packages, version-1), whose module
+    does not build for the kernels in fails_on: `apt-get install` on the node installs it beside the loaded one,
+    and the node's next boot loads it."""
+    host.offer_driver(_node(lab or Lab(), name), version, fails_on)
+    return version
 
 
 def hold_driver(lab=None, name=None, held=True):

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from ..layout import NODE
 
 from ._util import LabError, _read, _write, sh
@@ -66,13 +67,26 @@ def ensure_gpus(lab, record, say):
                 gpus['created'].append(path)
     if not gpus['real']:
         write_proc(lab, gpus['uvm_major'])
+    from .. import nodecmd
+    nodecmd.write(lab)
 
 
 NVIDIA_SMI = """#!/bin/sh
-# gpufleet lab: nvidia-smi for the GPU stand-ins (no GPU, no driver behind them).
+# gpufleet lab: nvidia-smi for the GPU stand-ins (no GPU, no driver behind them). Like NVIDIA's, it talks to the
+# loaded kernel module: none loaded, or one of another version than this userspace, and it fails as NVIDIA's does.
 version={version}
 count={count}
 cards="{cards}"
+loaded=$(sed -n 's/.*Kernel Module  *\\([0-9.]*\\).*/\\1/p' {proc}/driver/nvidia/version 2>/dev/null)
+if [ -z "$loaded" ]; then
+  echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running."
+  exit 9
+fi
+if [ "$loaded" != "$version" ]; then
+  echo "Failed to initialize NVML: Driver/library version mismatch"
+  echo "NVML library version: ${{version%.*}}"
+  exit 18
+fi
 case "$*" in
   *--query-gpu=*)
     fields=$(printf '%s\n' "$@" | sed -n 's/^--query-gpu=//p')
@@ -134,13 +148,19 @@ def device_minor(index, count):
     return count - 1 - index
 
 
-def write_proc(lab, uvm_major):
+def write_proc(lab, uvm_major, boot=False):
     """The node's /proc as its NVIDIA driver shows it (none where the node has no GPUs, or where the kernel it runs
-    has no NVIDIA module to load), its nvidia-smi and its userspace driver's libraries."""
+    has no NVIDIA module to load), its nvidia-smi and its userspace driver's libraries (installed_version). The
+    loaded module stays what it is until a boot (boot=True), which loads the module installed for the kernel the
+    node runs, of whatever version that is (module_version)."""
     os.makedirs(lab.proc_dir, exist_ok=True)
     if lab.gpus:
         ensure_kernel(lab)
-    loaded = bool(lab.gpus) and module_loads(lab)
+    version_file = os.path.join(lab.proc_dir, 'driver', 'nvidia', 'version')
+    loaded = None
+    if lab.gpus:
+        loaded = loaded_version(lab) if not boot and os.path.exists(version_file) else boot_module(lab)
+    ensure_boot_id(lab)
     with open(os.path.join(lab.proc_dir, 'devices'), 'w') as fh:
         fh.write('Character devices:\n  1 mem\n  5 /dev/tty\n136 pts\n' +
                  ('195 nvidia-frontend\n{0} nvidia-uvm\n'.format(uvm_major) if loaded else '') +
@@ -149,15 +169,13 @@ def write_proc(lab, uvm_major):
         fh.write('nvidia_uvm 1966080 0 - Live 0x0000000000000000 (PO)\n'
                  'nvidia_modeset 1568768 0 - Live 0x0000000000000000 (PO)\n'
                  'nvidia 104071168 2 nvidia_uvm,nvidia_modeset, Live 0x0000000000000000 (PO)\n' if loaded else '')
+    if lab.gpus:
+        write_userspace(lab)
     if not loaded:
         shutil.rmtree(os.path.join(lab.proc_dir, 'driver', 'nvidia'), ignore_errors=True)
         return
     os.makedirs(os.path.join(lab.proc_dir, 'driver', 'nvidia'), exist_ok=True)
-    smi = os.path.join(lab.driver_dir, 'bin', 'nvidia-smi')
     serials = cards(lab)
-    _write(smi, NVIDIA_SMI.format(version=lab.driver_version, count=lab.gpus,
-                                  cards=' '.join(str(c) for c in serials)).encode(), 0o755)
-    build_driver_libs(os.path.join(lab.driver_dir, 'lib'), lab.driver_version)
     # /proc/driver/nvidia/gpus/<bus>/information: where the driver says each GPU's device minor (/dev/nvidiaN), the
     # GPU at nvidia-smi's index i sitting on bus 0x18 + 0x10 * i, the card in that slot named by its UUID
     gpus_dir = os.path.join(lab.proc_dir, 'driver', 'nvidia', 'gpus')
@@ -168,9 +186,42 @@ def write_proc(lab, uvm_major):
             fh.write('Model: \t\t NVIDIA H100 80GB HBM3 (lab stand-in)\nGPU UUID: \t GPU-1ab0c0de-0000-4000-8000-{0:012d}\n'
                      'Bus Type: \t PCIe\nBus Location: \t {1}\nDevice Minor: \t {2}\nGPU Excluded:\t No\n'.format(
                          serials[i], bus, device_minor(i, lab.gpus)))
-    with open(os.path.join(lab.proc_dir, 'driver', 'nvidia', 'version'), 'w') as fh:
-        fh.write('NVRM version: NVIDIA UNIX x86_64 Kernel Module  {0}  Tue Sep 30 12:00:00 UTC 2025\n'
-                 'GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n'.format(lab.driver_version))
+    write_loaded(lab, loaded)
+
+
+def write_loaded(lab, version):
+    """/proc/driver/nvidia/version: the module of version is the one loaded."""
+    _write(os.path.join(lab.proc_dir, 'driver', 'nvidia', 'version'),
+           'NVRM version: NVIDIA UNIX x86_64 Kernel Module  {0}  Tue Sep 30 12:00:00 UTC 2025\n'
+           'GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n'.format(version).encode(), 0o644)
+
+
+def loaded_version(lab):
+    """The version of the loaded NVIDIA module (None: none is loaded)."""
+    found = re.search(r'Kernel Module\s+(\S+)', _read(os.path.join(lab.proc_dir, 'driver', 'nvidia', 'version')))
+    return found.group(1) if found else None
+
+
+def write_userspace(lab):
+    """The userspace driver installed (its libraries and nvidia-smi), of installed_version."""
+    version = installed_version(lab)
+    _write(os.path.join(lab.driver_dir, 'bin', 'nvidia-smi'), NVIDIA_SMI.format(
+        version=version, count=lab.gpus, cards=' '.join(str(c) for c in cards(lab)), proc=lab.proc_dir).encode(),
+        0o755)
+    build_driver_libs(os.path.join(lab.driver_dir, 'lib'), version)
+
+
+def installed_version(lab):
+    """The version of the node's userspace driver: the one an install left (install_driver), else the node's own."""
+    return _first_line(os.path.join(lab.driver_dir, 'installed')) or lab.driver_version
+
+
+def ensure_boot_id(lab, new=False):
+    """/proc/sys/kernel/random/boot_id, a new one at each boot (what Ansible's reboot compares)."""
+    path = os.path.join(lab.proc_dir, 'sys', 'kernel', 'random', 'boot_id')
+    if new or not os.path.exists(path):
+        import uuid
+        _write(path, (str(uuid.uuid4()) + '\n').encode(), 0o444)
 
 
 # The kernel the lab's nodes run (a PVE 9 kernel). A node's driver starts as a Debian/DKMS install: the module built
@@ -200,8 +251,22 @@ def _first_line(path):
     return (lines[0].strip() or None) if lines else None
 
 
-def _version_key(release):
+def version_key(release):
+    """A kernel or driver version as a sortable key."""
     return [int(p) if p.isdigit() else p for p in re.split(r'(\d+)', release)]
+
+
+def running_kernel(lab):
+    return _first_line(_osrelease(lab))
+
+
+def dkms_built(lab):
+    """{version: [kernels]} DKMS built the NVIDIA module of version for."""
+    built = {}
+    for path in glob.glob(os.path.join(lab.node_files, 'var', 'lib', 'dkms', 'nvidia', '*', '*', '*', 'module')):
+        parts = path.split(os.sep)
+        built.setdefault(parts[-4], []).append(parts[-3])
+    return dict((v, sorted(k, key=version_key)) for v, k in built.items())
 
 
 # Where a kernel's NVIDIA module can be: DKMS installs it under updates/dkms, NVIDIA's installer without DKMS under
@@ -209,13 +274,22 @@ def _version_key(release):
 MODULE_PLACES = ('updates/dkms', 'kernel/drivers/video', 'extra', 'updates')
 
 
-def module_loads(lab):
-    """Whether the kernel the node runs has an NVIDIA module to load."""
+def module_version(lab, release):
+    """The version of the NVIDIA module installed for kernel release (None: none is)."""
+    for place in MODULE_PLACES:
+        for path in glob.glob(os.path.join(lab.node_files, 'lib', 'modules', release, place, 'nvidia.ko*')):
+            words = _read(path).split()  # 'lab stand-in module <version>'
+            return words[3] if len(words) > 3 else lab.driver_version
+    return None
+
+
+def boot_module(lab):
+    """The version of the NVIDIA module a boot loads: the one installed for the kernel the node runs (None: the
+    kernel has none, and no driver loads)."""
     release = _first_line(_osrelease(lab))
     if not release:
-        return True  # a node made before the lab knew kernels: its driver loads as it always did
-    return any(glob.glob(os.path.join(lab.node_files, 'lib', 'modules', release, place, 'nvidia.ko*'))
-               for place in MODULE_PLACES)
+        return lab.driver_version  # a node made before the lab knew kernels: its driver loads as it always did
+    return module_version(lab, release)
 
 
 def boot_kernel(lab):
@@ -228,7 +302,7 @@ def boot_kernel(lab):
     installed = [os.path.basename(p)[len('vmlinuz-'):]
                  for p in glob.glob(os.path.join(lab.node_files, 'boot', 'vmlinuz-*'))]
     release = (_first_line(once) or _first_line(os.path.join(kernel_dir, 'proxmox-boot-pin'))
-               or (max(installed, key=_version_key) if installed else None))
+               or (max(installed, key=version_key) if installed else None))
     if os.path.exists(once):
         os.unlink(once)
     if release:
@@ -237,19 +311,23 @@ def boot_kernel(lab):
 
 
 def reset_kernel(lab):
-    """Forget what tests did to the node's kernels, modules and packages; the next write_proc makes them anew."""
+    """Forget what tests did to the node's kernels, modules, packages and driver installs; the next write_proc makes
+    them anew, and a module of another version loaded since is the node's own again (as after a reload)."""
     for rel in ('boot', 'lib/modules', 'etc/kernel', 'var/lib/dkms', 'var/lib/dpkg'):
         shutil.rmtree(os.path.join(lab.node_files, rel), ignore_errors=True)
-    if os.path.exists(_osrelease(lab)):
-        os.unlink(_osrelease(lab))
+    for path in (_osrelease(lab), os.path.join(lab.driver_dir, 'installed'), offers_file(lab)):
+        if os.path.exists(path):
+            os.unlink(path)
+    if loaded_version(lab):
+        write_loaded(lab, lab.driver_version)
 
 
 def add_kernel(lab, release, module='built', version=None, pin=None):
-    """A kernel installed on the node (its /boot/vmlinuz), with the NVIDIA module of version (the node's driver by
-    default) as DKMS leaves it: 'built' (the module under lib/modules/<release>/updates/dkms and DKMS's tree),
-    'failed' (no module; the build's make.log, as DKMS keeps it after a failed build) or None (not built at all);
+    """A kernel installed on the node (its /boot/vmlinuz), with the NVIDIA module of version (the node's installed
+    driver by default) as DKMS leaves it: 'built' (the module under lib/modules/<release>/updates/dkms and DKMS's
+    tree), 'failed' (no module; the build's make.log, as DKMS keeps it after a failed build) or None (not built at all);
     pin: 'pin' or 'next-boot' pins it as proxmox-boot-tool kernel pin [--next-boot] does (/etc/kernel/...)."""
-    version = version or lab.driver_version
+    version = version or installed_version(lab)
     root = lab.node_files
     _write(os.path.join(root, 'boot', 'vmlinuz-' + release), b'lab stand-in kernel\n', 0o644)
     if pin:
@@ -259,7 +337,7 @@ def add_kernel(lab, release, module='built', version=None, pin=None):
     if module == 'built':
         for path in (os.path.join(root, 'lib', 'modules', release, 'updates', 'dkms', 'nvidia.ko'),
                      os.path.join(dkms, release, 'x86_64', 'module', 'nvidia.ko')):
-            _write(path, b'lab stand-in module\n', 0o644)
+            _write(path, 'lab stand-in module {0}\n'.format(version).encode(), 0o644)
     elif module == 'failed':
         _write(os.path.join(dkms, 'build', 'make.log'),
                'DKMS make.log for nvidia-{0} for kernel {1} (x86_64)\n'
@@ -269,10 +347,100 @@ def add_kernel(lab, release, module='built', version=None, pin=None):
 
 def hold_driver(lab, held=True, version=None):
     """The driver's Debian packages in the node's dpkg status: held from upgrades (apt-mark hold) or not."""
-    version = version or lab.driver_version
-    stanzas = ['Package: {0}\nStatus: {1} ok installed\nArchitecture: amd64\nVersion: {2}-1\n'.format(
-        name, 'hold' if held else 'install', version) for name in DRIVER_PACKAGES]
-    _write(os.path.join(lab.node_files, 'var', 'lib', 'dpkg', 'status'), '\n'.join(stanzas).encode(), 0o644)
+    version = version or installed_version(lab)
+    write_dpkg(lab, dict((name, (version + '-1', held)) for name in DRIVER_PACKAGES))
+
+
+def dpkg_file(lab):
+    return os.path.join(lab.node_files, 'var', 'lib', 'dpkg', 'status')
+
+
+def read_dpkg(lab):
+    """{package: (version, held)} of the node's dpkg status."""
+    found = {}
+    for stanza in _read(dpkg_file(lab)).split('\n\n'):
+        fields = dict(line.split(': ', 1) for line in stanza.splitlines() if ': ' in line)
+        if 'Package' in fields:
+            found[fields['Package']] = (fields.get('Version'), fields.get('Status', '').startswith('hold'))
+    return found
+
+
+def write_dpkg(lab, packages):
+    _write(dpkg_file(lab), '\n'.join(
+        'Package: {0}\nStatus: {1} ok installed\nArchitecture: amd64\nVersion: {2}\n'.format(
+            name, 'hold' if held else 'install', version) for name, (version, held) in sorted(packages.items())
+    ).encode(), 0o644)
+
+
+# -- a new driver offered to a node and installed ---------------------------------------------------------------
+# A node's package sources offer driver versions (offer_driver); apt-get installs one as Debian's packages do
+# (install_driver): the userspace libraries are replaced, DKMS's postinst removes the old module and builds the new
+# one for every installed kernel, and the loaded module stays until the node reboots (its userspace then answers
+# "Driver/library version mismatch"). The node's stand-in commands (node_commands) run these.
+def offers_file(lab):
+    return os.path.join(lab.driver_dir, 'offered.json')
+
+
+def offers(lab):
+    """{version: {'fails_on': [kernels whose module build fails]}} that the node's package sources offer."""
+    try:
+        with open(offers_file(lab)) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return {}
+
+
+def offer_driver(lab, version, fails_on=()):
+    """The node's package sources offer the driver of version, and NVIDIA's installer of it lies in the node's
+    /root (NVIDIA-Linux-x86_64-<version>.run); its module does not build for the kernels in fails_on."""
+    found = offers(lab)
+    found[version] = {'fails_on': list(fails_on)}
+    _write(offers_file(lab), json.dumps(found, indent=1).encode(), 0o644)
+    _write(os.path.join(lab.node_files, 'root', 'NVIDIA-Linux-x86_64-{0}.run'.format(version)),
+           ('#!/bin/sh\n# gpufleet lab: NVIDIA\'s installer of {0} for lab node {1}\nGPUFLEET_LAB_DIR={2} '
+            'GPUFLEET_LAB_NODE={1} exec {3} -m gpufleet.lab.nodecmd nvidia-installer {0} "$@"\n').format(
+                version, lab.node, lab.root, sys.executable).encode(), 0o755)
+
+
+def dkms_build(lab, version, release):
+    """DKMS builds and installs the module of version for kernel release; returns None, or DKMS's error."""
+    dkms = os.path.join(lab.node_files, 'var', 'lib', 'dkms', 'nvidia', version)
+    if version != installed_version(lab):
+        return 'Error! The module/version combo: nvidia-{0} is not located in the DKMS tree.'.format(version)
+    if not os.path.exists(os.path.join(lab.node_files, 'boot', 'vmlinuz-' + release)):
+        return 'Error! Your kernel headers for kernel {0} cannot be found.'.format(release)
+    if release in (offers(lab).get(version) or {}).get('fails_on', []):
+        add_kernel(lab, release, module='failed', version=version)
+        return ('Error! Bad return status for module build on kernel: {0} (x86_64)\nConsult '
+                '/var/lib/dkms/nvidia/{1}/build/make.log for more information.'.format(release, version))
+    for old in glob.glob(os.path.join(lab.node_files, 'lib', 'modules', release, '*', '*', 'nvidia.ko*')):
+        os.unlink(old)
+    add_kernel(lab, release, module='built', version=version)
+    shutil.rmtree(os.path.join(dkms, 'build'), ignore_errors=True)
+    return None
+
+
+def install_driver(lab, version, kernels=None):
+    """The driver of version installed over the node's: the userspace replaced, the old module removed from every
+    kernel (dkms remove --all), the new one built by DKMS for kernels (Debian's packages: every installed kernel;
+    NVIDIA's installer: the running one). The loaded module stays. Returns the DKMS errors ([] where every build
+    succeeded)."""
+    old = installed_version(lab)
+    _write(os.path.join(lab.driver_dir, 'installed'), (version + '\n').encode(), 0o644)
+    write_userspace(lab)
+    if old != version:
+        shutil.rmtree(os.path.join(lab.node_files, 'var', 'lib', 'dkms', 'nvidia', old), ignore_errors=True)
+        for path in glob.glob(os.path.join(lab.node_files, 'lib', 'modules', '*', '*', '*', 'nvidia.ko*')):
+            os.unlink(path)
+    errors = []
+    if kernels is None:
+        kernels = [os.path.basename(p)[len('vmlinuz-'):]
+                   for p in sorted(glob.glob(os.path.join(lab.node_files, 'boot', 'vmlinuz-*')))]
+    for release in kernels:
+        error = dkms_build(lab, version, release)
+        if error:
+            errors.append(error)
+    return errors
 
 
 # The userspace half of the stand-in driver: real ELF libraries with NVIDIA's names and sonames,
@@ -317,7 +485,7 @@ def lose_gpu_nodes(lab, record):
             node[1] = uvm
     gpus['uvm_major'] = uvm
     boot_kernel(lab)
-    write_proc(lab, uvm)
+    write_proc(lab, uvm, boot=True)
     return uvm
 
 

@@ -1,0 +1,117 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.proxmox contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A node's NVIDIA driver upgrade, planned (standard library only): whether the node needs it, whether the new
+driver runs every venv profile of the node's GPU containers, and the steps, each named, that the roll makes."""
+
+
+import re
+
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._nvidia_kernel import version_key
+
+# The oldest Linux driver that runs each CUDA major's runtime (minor version compatibility: NVIDIA's CUDA
+# Compatibility guide, docs.nvidia.com/deploy/cuda-compatibility, and the CUDA Toolkit release notes' table of
+# "minimum required driver version for CUDA minor version compatibility"). torch's CUDA wheels bring their own
+# runtime, so the node's driver must be at least this for the profile's CUDA.
+CUDA_MIN_DRIVER = {'11': '450.80.02', '12': '525.60.13', '13': '580.65.06'}
+VERSION_RE = re.compile(r'^\d+\.\d+(\.\d+)?$')
+METHODS = {'apt': "Debian's packages", 'run': "NVIDIA's installer"}
+
+
+class PlanError(ValueError):
+    """A plan that must not run: its message names the field or the container."""
+
+
+def min_driver(cuda):
+    """The oldest driver for a CUDA version ('12.8'), None where there is no CUDA; PlanError for a CUDA major this
+    table does not know."""
+    if cuda in (None, ''):
+        return None
+    major = str(cuda).split('.', 1)[0]
+    if major not in CUDA_MIN_DRIVER:
+        raise PlanError('CUDA {0}: no known minimum driver (known: CUDA {1})'.format(
+            cuda, ', '.join(sorted(CUDA_MIN_DRIVER, key=int))))
+    return CUDA_MIN_DRIVER[major]
+
+
+def gpu_containers(fleet, node):
+    """The fleet's entries on node that ask for GPUs and are not to be removed."""
+    return [entry for entry in fleet if isinstance(entry, dict) and entry.get('node') == node and entry.get('gpus')
+            and entry.get('state', 'present') != 'absent']
+
+
+def refusals(version, containers):
+    """Each container whose profile's CUDA needs a newer driver than version: 'CT <vmid> (<hostname>): ...'."""
+    out = []
+    for ct in containers:
+        needs = min_driver(ct.get('cuda'))
+        if needs and version_key(version) < version_key(needs):
+            out.append('CT {0} ({1}): its venv profile {2} runs CUDA {3}, which needs an NVIDIA driver of at least '
+                       '{4}'.format(ct['vmid'], ct['hostname'], ct['profile'], ct['cuda'], needs))
+    return out
+
+
+def built_for(found, version):
+    """The kernels DKMS built the module of version for (found: gpu_devices' kernels)."""
+    return set(((found or {}).get('dkms') or {}).get(version, {}).get('built') or [])
+
+
+def plan(node, version, method, devices, containers, packages=(), package_version=None):
+    """The upgrade of node to driver version with method (apt or run): {needed, from, to, kernels, containers,
+    steps, msg}. devices: gpu_devices' facts of the node; containers: [{vmid, hostname, profile, cuda}] of its GPU
+    containers. PlanError where the version or method is not one, or a container's profile needs a newer driver."""
+    if not VERSION_RE.match(str(version or '')):
+        raise PlanError('gpu_node_driver_version: {0!r} is not an NVIDIA driver version such as 580.105.08'.format(
+            version))
+    if method not in METHODS:
+        raise PlanError('gpu_node_driver_install: {0!r} must be one of {1}'.format(method, ', '.join(METHODS)))
+    refused = refusals(version, containers)
+    if refused:
+        raise PlanError('{0}: the NVIDIA driver {1} does not run the venv of every GPU container on it, nothing was '
+                        'changed: {2}'.format(node, version, '; '.join(refused)))
+    loaded = devices.get('driver_version')
+    kernels = devices.get('kernels') or {}
+    running, upcoming = kernels.get('running_kernel'), kernels.get('next_kernel')
+    wanted = [k for k in (running, upcoming) if k]
+    wanted = sorted(set(wanted), key=wanted.index)
+    installed = devices.get('installed_versions') or []
+    built = built_for(kernels, version)
+    needed = bool(loaded) and (loaded != version or installed[-1:] != [version]
+                               or (bool(kernels.get('dkms')) and not set(wanted) <= built))
+    cts = ', '.join('CT {0} ({1})'.format(ct['vmid'], ct['hostname']) for ct in containers) or 'no GPU container'
+    if method == 'apt':
+        pins = ' '.join('{0}={1}'.format(p, package_version or version + '-1') for p in packages)
+        install = 'install the packages {0} (held again after)'.format(pins or '(none found)')
+    else:
+        install = "run NVIDIA's installer of {0} (--silent --dkms)".format(version)
+    steps = ['stop {0}'.format(cts), install,
+             'build the module for {0}'.format(' and '.join(
+                 '{0} ({1})'.format(k, 'running' if k == running else 'boots next') for k in wanted) or 'the kernel'),
+             'reboot the node (the module {0} loads)'.format(version),
+             'make the device nodes and gather the driver bundle of {0}'.format(version),
+             'start {0} with that bundle'.format(cts), 'verify {0} (torch and its GPUs)'.format(cts)]
+    if not loaded:
+        msg = '{0}: no NVIDIA driver is loaded (a node without GPUs): nothing to upgrade'.format(node)
+    elif not needed:
+        msg = '{0}: runs the NVIDIA driver {1} already: nothing to do'.format(node, version)
+    else:
+        msg = '{0}: NVIDIA driver {1} -> {2} with {3}; its GPU containers are down from the first step to the last: ' \
+              '{4}'.format(node, loaded, version, METHODS[method],
+                           '; '.join('{0}. {1}'.format(i + 1, s) for i, s in enumerate(steps)))
+    return {'needed': needed, 'node': node, 'from': loaded, 'to': version, 'method': method, 'kernels': wanted,
+            'containers': containers, 'steps': steps if needed else [], 'msg': msg,
+            'rollback': rollback(node, loaded, version, method, packages, [ct['vmid'] for ct in containers])}
+
+
+def rollback(node, old, new, method, packages=(), stopped=()):
+    """What a node whose upgrade failed is left as, and how to go back to driver old or on to new."""
+    if method == 'apt':
+        back = 'apt-get install -y --allow-change-held-packages --allow-downgrades {0}'.format(
+            ' '.join('{0}={1}-1'.format(p, old) for p in packages))
+    else:
+        back = 'sh NVIDIA-Linux-x86_64-{0}.run --silent --dkms'.format(old)
+    cts = ' '.join(str(v) for v in stopped)
+    return ('{0} is left as the failed step left it: its GPU containers ({1}) stopped, or running on {4} where it '
+            'failed at their verification. To go back to {2}: {3}, reboot the node, then run site.yml (it starts and '
+            'verifies them). To go on with {4}: mend what failed and run the upgrade again').format(
+                node, cts or 'none', old, back, new)

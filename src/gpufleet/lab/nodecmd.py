@@ -1,0 +1,166 @@
+"""The lab node's own commands for its driver's life, acting on the node's stand-in files (host.gpus):
+
+    apt-get update | install [-y] [--allow-change-held-packages] [--allow-downgrades] [-o OPT] PKG=VERSION ...
+    apt-mark hold|unhold|showhold [PKG ...]
+    dkms install nvidia/VERSION -k KERNEL | dkms status
+    nvidia-installer VERSION --silent [--dkms] [--kernel-name=KERNEL]   (NVIDIA-Linux-x86_64-VERSION.run)
+    reboot
+
+Each answers as Debian's and DKMS's do where the collection reads the answer: apt-get refuses held packages without
+--allow-change-held-packages, a version the node's sources do not offer, a downgrade without --allow-downgrades,
+and fails where DKMS's build for the running kernel fails (dpkg's postinst); `reboot` reboots the lab node
+(manager.reboot_node). The node's sshd names the node (GPUFLEET_LAB_NODE), as for `pct`.
+"""
+
+import os
+import sys
+
+from . import host
+from .host._util import _write
+from .layout import Lab
+
+
+def _apt_get(lab, args):
+    if args[:1] == ['update']:
+        return 0
+    if args[:1] != ['install']:
+        print('E: the lab node\'s apt-get knows update and install', file=sys.stderr)
+        return 100
+    words, wanted, skip = args[1:], {}, False
+    for i, word in enumerate(words):
+        if skip:
+            skip = False
+        elif word == '-o':
+            skip = True
+        elif not word.startswith('-'):
+            name, _, version = word.partition('=')
+            wanted[name] = version
+    flags = set(w for w in words if w.startswith('-'))
+    packages = host.read_dpkg(lab)
+    offered = host.offers(lab)
+    for name, version in sorted(wanted.items()):
+        if name not in packages:
+            print('E: Unable to locate package {0}'.format(name), file=sys.stderr)
+            return 100
+        if not version or not version.endswith('-1') or version[:-2] not in offered and version != packages[name][0]:
+            print("E: Version '{0}' for '{1}' was not found".format(version, name), file=sys.stderr)
+            return 100
+    changed = dict((n, v) for n, v in wanted.items() if v != packages[n][0])
+    if not changed:
+        print('0 upgraded, 0 newly installed, 0 to remove and 0 not upgraded.')
+        return 0
+    versions = set(v[:-2] for v in wanted.values())
+    if len(versions) > 1 or set(changed) != set(n for n in packages if n in host.DRIVER_PACKAGES):
+        # the driver's packages depend on each other at one version (nvidia-driver Depends on libcuda1 (= ...))
+        print('E: Unable to correct problems, you have held broken packages.', file=sys.stderr)
+        return 100
+    if any(packages[n][1] for n in changed) and '--allow-change-held-packages' not in flags:
+        print('E: Held packages were changed and -y was used without --allow-change-held-packages.', file=sys.stderr)
+        return 100
+    (version,) = versions
+    if host.version_key(version) < host.version_key(host.installed_version(lab)) and '--allow-downgrades' not in flags:
+        print('E: Packages were downgraded and -y was used without --allow-downgrades.', file=sys.stderr)
+        return 100
+    errors = host.install_driver(lab, version)
+    host.write_dpkg(lab, dict((n, (wanted.get(n, v), held)) for n, (v, held) in packages.items()))
+    running = host.running_kernel(lab)
+    for error in errors:
+        print(error, file=sys.stderr)
+    if any(running and 'kernel: {0} '.format(running) in e for e in errors):
+        print('dpkg: error processing package nvidia-kernel-dkms (--configure):\n installed nvidia-kernel-dkms package '
+              'post-installation script subprocess returned error exit status 10\nE: Sub-process /usr/bin/dpkg '
+              'returned an error code (1)', file=sys.stderr)
+        return 100
+    print('{0} upgraded, 0 newly installed, 0 to remove and 0 not upgraded.'.format(len(changed)))
+    return 0
+
+
+def _apt_mark(lab, args):
+    packages = host.read_dpkg(lab)
+    if args[:1] == ['showhold']:
+        print('\n'.join(n for n, (_v, held) in sorted(packages.items()) if held))
+        return 0
+    if args[:1] not in (['hold'], ['unhold']) or len(args) < 2:
+        print('E: the lab node\'s apt-mark knows hold, unhold and showhold', file=sys.stderr)
+        return 100
+    hold = args[0] == 'hold'
+    for name in args[1:]:
+        if name not in packages:
+            print('E: Unable to locate package {0}'.format(name), file=sys.stderr)
+            return 100
+        print('{0} {1}.'.format(name, ('was already set on hold' if packages[name][1] else 'set on hold') if hold else
+                                ('Canceled hold on' if packages[name][1] else 'was already not on hold')))
+        packages[name] = (packages[name][0], hold)
+    host.write_dpkg(lab, packages)
+    return 0
+
+
+def _dkms(lab, args):
+    if args[:1] == ['status']:
+        for version, built in sorted(host.dkms_built(lab).items()):
+            for release in built:
+                print('nvidia/{0}, {1}, x86_64: installed'.format(version, release))
+        return 0
+    if len(args) == 4 and args[0] == 'install' and args[1].startswith('nvidia/') and args[2] == '-k':
+        error = host.dkms_build(lab, args[1][len('nvidia/'):], args[3].split('/')[0])
+        if error:
+            print(error, file=sys.stderr)
+            return 10
+        return 0
+    print('Error! the lab node\'s dkms knows: dkms install nvidia/VERSION -k KERNEL, dkms status', file=sys.stderr)
+    return 2
+
+
+def _nvidia_installer(lab, args):
+    """NVIDIA's installer: the driver of its version over the node's, the module built for the running kernel (or
+    --kernel-name) with DKMS (--dkms) or into kernel/drivers/video; the loaded module stays until a reboot."""
+    version, options = args[0], args[1:]
+    if not {'-s', '--silent'} & set(options):
+        print('ERROR: the lab\'s installer runs only with --silent', file=sys.stderr)
+        return 1
+    named = [o.split('=', 1)[1] for o in options if o.startswith('--kernel-name=')]
+    release = named[0] if named else host.running_kernel(lab)
+    if '--dkms' in options:
+        errors = host.install_driver(lab, version, [release])
+    else:
+        errors = host.install_driver(lab, version, [])
+        host.add_kernel(lab, release, module=None)
+        _write(os.path.join(lab.node_files, 'lib', 'modules', release, 'kernel', 'drivers', 'video', 'nvidia.ko'),
+               'lab stand-in module {0}\n'.format(version).encode(), 0o644)
+    if errors:
+        print('ERROR: Failed to install the kernel module through DKMS. ' + ' '.join(errors), file=sys.stderr)
+        return 1
+    print('Installation of the NVIDIA Accelerated Graphics Driver for Linux-x86_64 (version: {0}) is now '
+          'complete.'.format(version))
+    return 0
+
+
+def _reboot(lab, args):
+    from . import manager
+    manager.reboot_node(Lab(), lab.node, say=lambda text: print(text, file=sys.stderr))
+    return 0
+
+
+def write(lab):
+    """The node's stand-in commands in its own files (usr/bin/apt-get, usr/bin/apt-mark, usr/sbin/dkms,
+    usr/sbin/reboot), each running this module with the lab's Python for that node."""
+    for rel, name in (('usr/bin', 'apt-get'), ('usr/bin', 'apt-mark'), ('usr/sbin', 'dkms'), ('usr/sbin', 'reboot')):
+        text = ('#!/bin/sh\n# gpufleet lab: {0} of lab node {1}\nGPUFLEET_LAB_DIR={2} GPUFLEET_LAB_NODE={1} '
+                'exec {3} -m gpufleet.lab.nodecmd {0} "$@"\n').format(name, lab.node, lab.root, sys.executable)
+        _write(os.path.join(lab.node_files, rel, name), text.encode(), 0o755)
+
+
+COMMANDS = {'apt-get': _apt_get, 'apt-mark': _apt_mark, 'dkms': _dkms, 'nvidia-installer': _nvidia_installer,
+            'reboot': _reboot}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return COMMANDS[argv[0]](Lab.here(), argv[1:])
+
+
+if __name__ == '__main__':
+    sys.exit(main())
