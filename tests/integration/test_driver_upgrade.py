@@ -11,7 +11,7 @@ import pytest
 from gpufleet.lab import host, manager
 
 from conftest import ROOT, SITE, run_playbook
-from test_cluster import CLUSTER, DRIFT, cluster, on  # noqa: F401 - the module's three-node lab
+from test_cluster import CLUSTER, DRIFT, cluster, on, ssh  # noqa: F401 - the module's three-node lab
 
 pytestmark = pytest.mark.lab
 
@@ -59,11 +59,7 @@ def nodes(cluster):
     cluster['pve'].cleanup()
     del cluster['pve'].made[:]
     for name in ('pve1', 'pve2', 'pve3'):
-        node = cluster['lab'].on(name)
         manager.restore_kernel(cluster['lab'], name)
-        record = os.path.join(node.node_files, 'var', 'lib', 'gpufleet', 'driver-upgrade.json')
-        if os.path.exists(record):
-            os.unlink(record)
 
 
 def test_a_driver_upgrade_is_planned_refused_rolled_stopped_at_a_failing_node_and_finished(nodes, tmp_path):
@@ -112,8 +108,8 @@ def test_a_driver_upgrade_is_planned_refused_rolled_stopped_at_a_failing_node_an
     assert ('pve2: the upgrade of its NVIDIA driver to 580.105.08 failed at "Build the module of the new version for '
             'the running kernel and the next one where the install did not"') in why, why
     assert 'Error! Bad return status for module build on kernel: 6.17.2-1-pve (x86_64)' in why
-    assert ('The roll stops here: the nodes after it are untouched. pve2 is left as the failed step left it: its GPU '
-            'containers (222) stopped') in why
+    assert ('The roll stops here: the nodes after it are untouched. pve2 is left as the failed step left it, its GPU '
+            'containers (222) stopped. To go back') in why
     assert ('To go back to 570.172.08: apt-get install -y --allow-change-held-packages --allow-downgrades '
             'libcuda1=570.172.08-1 libnvidia-ml1=570.172.08-1 nvidia-driver=570.172.08-1 '
             'nvidia-kernel-dkms=570.172.08-1, reboot the node') in why
@@ -161,9 +157,12 @@ def test_a_driver_upgrade_is_planned_refused_rolled_stopped_at_a_failing_node_an
     assert drift.rc == 0 and found['drift'] is False, found
 
 
-def test_nvidias_installer_on_one_node_builds_for_the_kernel_it_boots_next(nodes, tmp_path):
+def test_nvidias_installer_on_one_node_and_a_container_that_fails_its_verification_on_the_new_driver(
+        nodes, creds, tmp_path):
     """gpu_node_driver_install: run on pve2 alone (--limit): NVIDIA's installer builds its module with DKMS for the
-    running kernel only; the upgrade builds it for the kernel the node boots next, reboots, and verifies CT 222."""
+    running kernel only; the upgrade builds it for the kernel the node boots next and reboots. CT 222's venv was
+    broken before: it fails its verification on the new driver, so the node fails with CT 222 stopped again; once
+    site.yml has repaired the venv, the upgrade has nothing left to do on pve2."""
     cluster, lab = nodes, nodes['lab']
     cluster['pve'].made.extend([221, 222, 223])
     first = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
@@ -172,8 +171,10 @@ def test_nvidias_installer_on_one_node_builds_for_the_kernel_it_boots_next(nodes
     host.write_dpkg(pve2, {})  # a node whose driver came from NVIDIA's installer: no driver packages
     manager.offer_driver(lab, 'pve2', NEWER)
     manager.install_kernel(lab, 'pve2', NEXT_KERNEL, module='built')
+    broken = ssh(creds, 'pve2', "pct exec 222 -- sh -c 'rm /root/venv/lib/python3*/site-packages/torch/version.py'")
+    assert broken.returncode == 0, broken.stderr
     rolled = upgrade(tmp_path, NEWER, '-e', 'gpu_node_driver_install=run', '--limit', 'pve2')
-    assert rolled.rc == 0, rolled.failures() or rolled.stdout[-3000:]
+    assert rolled.rc != 0
     (installer,) = ran(rolled, 'pve2',
                        "Run NVIDIA's installer (run; it builds the module with DKMS for the running kernel)")
     assert installer['changed']
@@ -181,5 +182,18 @@ def test_nvidias_installer_on_one_node_builds_for_the_kernel_it_boots_next(nodes
                                    'the install did not')
     assert [r['item'] for r in built['results']] == [NEXT_KERNEL]
     assert host.dkms_built(pve2) == {NEWER: [host.KERNEL, NEXT_KERNEL]}
-    assert loaded(cluster, 'pve2') == NEWER and status(cluster, 'pve2', 222) == 'running'
-    assert loaded(cluster, 'pve1') == OLD['pve1']  # not in the run
+    why = [f for f in rolled.failures() if 'Stop the roll at this node' in f]
+    assert len(why) == 1, rolled.failures() or rolled.stdout[-3000:]
+    assert ('pve2: the upgrade of its NVIDIA driver to 580.126.09 failed at "Fail where the container\'s venv or torch '
+            'has findings on the new driver": train-c2:') in why[0], why
+    assert 'sh NVIDIA-Linux-x86_64-570.172.08.run --silent --dkms' in why[0]
+    # the node runs the new driver; its container that failed is stopped again; pve1 was not in the run
+    assert loaded(cluster, 'pve2') == NEWER and status(cluster, 'pve2', 222) == 'stopped'
+    assert loaded(cluster, 'pve1') == OLD['pve1'] and status(cluster, 'pve1', 221) == 'running'
+    # site.yml repairs the venv and starts the container on the new driver; the upgrade has nothing left to do
+    repaired = run_playbook(open(SITE).read(), tmp_path, '--limit', 'pve2,gpufleet_containers_pve2', inventory=CLUSTER)
+    assert repaired.rc == 0, repaired.failures() or repaired.stdout[-3000:]
+    assert status(cluster, 'pve2', 222) == 'running'
+    again = upgrade(tmp_path, NEWER, '-e', 'gpu_node_driver_install=run', '--limit', 'pve2')
+    assert again.rc == 0 and said(again, 'pve2') == 'pve2: runs the NVIDIA driver 580.126.09 already: nothing to do'
+    assert all(s['changed'] == 0 for s in again.stats.values()), again.stats

@@ -74,15 +74,17 @@ def ensure_gpus(lab, record, say):
 NVIDIA_SMI = """#!/bin/sh
 # gpufleet lab: nvidia-smi for the GPU stand-ins (no GPU, no driver behind them). Like NVIDIA's, it talks to the
 # loaded kernel module: none loaded, or one of another version than this userspace, and it fails as NVIDIA's does.
+# (In a container, where the node's stand-in /proc is not, it cannot tell, and answers.)
 version={version}
 count={count}
 cards="{cards}"
 loaded=$(sed -n 's/.*Kernel Module  *\\([0-9.]*\\).*/\\1/p' {proc}/driver/nvidia/version 2>/dev/null)
-if [ -z "$loaded" ]; then
+if [ ! -d {proc} ]; then
+  loaded=$version
+elif [ -z "$loaded" ]; then
   echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running."
   exit 9
-fi
-if [ "$loaded" != "$version" ]; then
+elif [ "$loaded" != "$version" ]; then
   echo "Failed to initialize NVML: Driver/library version mismatch"
   echo "NVML library version: ${{version%.*}}"
   exit 18
@@ -315,7 +317,9 @@ def reset_kernel(lab):
     them anew, and a module of another version loaded since is the node's own again (as after a reload)."""
     for rel in ('boot', 'lib/modules', 'etc/kernel', 'var/lib/dkms', 'var/lib/dpkg'):
         shutil.rmtree(os.path.join(lab.node_files, rel), ignore_errors=True)
-    for path in (_osrelease(lab), os.path.join(lab.driver_dir, 'installed'), offers_file(lab)):
+    # (and the collection's record of the node's last driver upgrade)
+    for path in (_osrelease(lab), os.path.join(lab.driver_dir, 'installed'), offers_file(lab),
+                 os.path.join(lab.node_files, 'var', 'lib', 'gpufleet', 'driver-upgrade.json')):
         if os.path.exists(path):
             os.unlink(path)
     if loaded_version(lab):
