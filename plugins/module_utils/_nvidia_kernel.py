@@ -21,8 +21,10 @@ from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import rea
 
 MODULE_FILES = ('nvidia.ko', 'nvidia.ko.xz', 'nvidia.ko.zst', 'nvidia.ko.gz')
 MODULE_DIRS = ('updates/dkms', 'kernel/drivers/video', 'extra', 'updates')
-# The driver's Debian packages (NVIDIA's CUDA repository and Debian's own) that an upgrade must not move alone.
-PACKAGE_RE = re.compile(r'^(nvidia-.*|libnvidia-.*|libcuda1|xserver-xorg-video-nvidia.*|cuda-drivers.*)$')
+# The driver's Debian packages (NVIDIA's CUDA repository and Debian's own) that an upgrade must not move alone, and
+# that a driver upgrade moves together to one version; not NVIDIA's container toolkit, which is versioned apart.
+PACKAGE_RE = re.compile(r'^(?!nvidia-container-|libnvidia-container)'
+                        r'(nvidia-.*|libnvidia-.*|libcuda1|xserver-xorg-video-nvidia.*|cuda-drivers.*)$')
 
 
 def version_key(version):

@@ -24,7 +24,10 @@ def node(tmp_path, kernels=(RUNNING,), built=(RUNNING,), version='580.95.05', he
         put(root, 'var/lib/dkms/nvidia/{0}/{1}/x86_64/module/nvidia.ko'.format(version, k))
     put(root, 'var/lib/dpkg/status', ''.join(
         'Package: {0}\nStatus: {1} ok installed\nVersion: {2}-1\n\n'.format(n, 'hold' if held else 'install', version)
-        for n in ('nvidia-kernel-dkms', 'libcuda1')) + 'Package: bash\nStatus: install ok installed\nVersion: 5.2\n')
+        for n in ('nvidia-kernel-dkms', 'libcuda1')) + 'Package: bash\nStatus: install ok installed\nVersion: 5.2\n\n'
+        # NVIDIA's container toolkit is versioned apart from the driver: not one of its packages
+        'Package: libnvidia-container1\nStatus: install ok installed\nVersion: 1.17.8-1\n\n'
+        'Package: nvidia-container-toolkit\nStatus: install ok installed\nVersion: 1.17.8-1\n')
     return str(proc), str(root)
 
 
