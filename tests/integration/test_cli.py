@@ -303,3 +303,37 @@ def test_verify_judges_the_whole_fleet_not_only_what_it_reached(fleet, tmp_path)
         assert summary['ok'] is False and (summary['verified'], summary['expected']) == (0, 1)
         assert summary['containers'][0]['state'] == gone and summary['run']['id']
         assert sorted(os.listdir(reports)) == ['summary.json']  # cli-a.json of the earlier run is gone
+
+
+def test_a_driver_upgrade_from_the_cli_planned_rolled_then_nothing_to_do(fleet, lab):
+    """gpufleet driver-upgrade: --check plans it (the node, its container, the steps; nothing changes), the roll
+    upgrades pve1 and verifies CT 361 on the new driver, a second run has nothing to do, and a version too old for a
+    container's venv is refused with the reason as the verdict."""
+    from gpufleet.lab import host, manager
+    manager.offer_driver(lab, 'pve1', '580.105.08')
+    try:
+        check = gpufleet(fleet['home'], fleet['file'], 'driver-upgrade', '--version', '580.105.08', '--check', '--json')
+        result = as_json(check)
+        assert (check.returncode, result['verdict']) == (0, 'plan for 580.105.08: planned: pve1'), check.stderr[-2000:]
+        (row,) = result['upgrade']
+        assert row['state'] == 'planned' and row['containers'] == [VMID] and row['steps'][0] == 'stop CT 361 (cli-a)'
+        assert host.loaded_version(lab) == '580.95.05'
+        rolled = gpufleet(fleet['home'], fleet['file'], 'driver-upgrade', '--version', '580.105.08')
+        lines = rolled.stdout.strip().splitlines()
+        assert rolled.returncode == 0, (rolled.stdout[-3000:], rolled.stderr[-3000:])
+        assert lines[-2].startswith('pve1: upgraded 580.95.05 -> 580.105.08, CT 361 verified (down ') and \
+            lines[-1] == 'driver 580.105.08: upgraded: pve1', lines
+        assert host.loaded_version(lab) == '580.105.08'
+        again = as_json(gpufleet(fleet['home'], fleet['file'], 'driver-upgrade', '--version', '580.105.08', '--json'))
+        assert (again['exit_code'], again['verdict']) == (0, 'driver 580.105.08: unchanged: pve1')
+        refused = gpufleet(fleet['home'], fleet['file'], 'driver-upgrade', '--version', '520.61.05', '--json',
+                           '-e', 'torch_venv_profile=default')
+        verdict = as_json(refused)['verdict']
+        assert refused.returncode == 1 and verdict.startswith(
+            'error: pve1: the NVIDIA driver 520.61.05 does not run the venv of every GPU container on it, '
+            'nothing was changed: CT 361 (cli-a): its venv profile default runs CUDA 12.8'), verdict
+    finally:
+        # the node's own driver again, and CT 361 onto its bundle (restarted to take the mount)
+        manager.restore_kernel(lab, 'pve1')
+        back = as_json(gpufleet(fleet['home'], fleet['file'], 'up', '--json', '-e', 'gpu_container_restart_on_pending=true'))
+    assert back['exit_code'] == 0, back['verdict']

@@ -118,6 +118,7 @@ def test_progress_follows_the_events_per_host():
         'train-1': {'task': 'Verify torch', 'ok': 0, 'changed': 0, 'failed': 1, 'unreachable': 0},
         'pve2': {'task': '', 'ok': 0, 'changed': 0, 'failed': 0, 'unreachable': 1}}
     assert table.title == 'Verify each container' and table.row_count == 3
+    assert progress.failures == ['train-1: token ******** refused']  # each failed task's message, scrubbed
     # Not a terminal: one line per play and per failed or unreachable host, secrets masked.
     log = Console(file=open('/dev/null', 'w'), force_terminal=False, width=200, record=True)
     with show.Progress(secrets.Scrubber(['s3cret-token']).text, console=log) as plain:
@@ -161,3 +162,39 @@ def test_a_node_finding_shows_its_fix():
     assert show.drift_line(item) == ('node driver_not_held: the driver packages libcuda1 are not held '
                                      '(fix: apt-mark hold libcuda1)')
     assert show.drift_line(dict(item, fix=None)) == 'node driver_not_held: the driver packages libcuda1 are not held'
+
+
+def plan(node, needed=True, loaded='580.95.05', **extra):
+    return dict({'node': node, 'needed': needed, 'from': loaded, 'to': '580.105.08',
+                 'containers': [{'vmid': 221, 'hostname': 'train-c1'}], 'steps': ['stop CT 221 (train-c1)', 'reboot']},
+                **extra)
+
+
+def test_a_driver_upgrade_says_each_nodes_state_and_fails_where_a_node_failed():
+    from gpufleet.cli import show
+    nodes = {'pve1': plan('pve1'), 'pve2': plan('pve2', loaded='570.172.08'), 'pve3': plan('pve3', False, None)}
+    ok = stats(ok={'pve1': 5, 'pve2': 5, 'pve3': 5})
+    checked = fleet.upgrade_outcome(True, 'successful', 0, ok, nodes)
+    assert (checked['exit_code'], checked['verdict']) == (0, 'plan for 580.105.08: planned: pve1, pve2; no driver: pve3')
+    assert show.upgrade_line(checked['upgrade'][0]) == \
+        'pve1: planned 580.95.05 -> 580.105.08: 1. stop CT 221 (train-c1); 2. reboot'
+    # the roll stopped at pve2 (its report says why), pve1 after it was not reached
+    nodes['pve2'].update(state='failed', msg='pve2: the upgrade failed at "Reboot the node": timed out. The roll stops')
+    stopped = fleet.upgrade_outcome(False, 'failed', 2, stats(ok={'pve1': 5}, failures={'pve2': 1}), nodes)
+    assert (stopped['exit_code'], stopped['verdict']) == (1, 'error: failed: pve2; not reached: pve1; no driver: pve3')
+    lines = [show.upgrade_line(r) for r in stopped['upgrade']]
+    assert lines == ['pve1: not reached (580.95.05 -> 580.105.08 waits for the node that failed)',
+                     'pve2: FAILED: pve2: the upgrade failed at "Reboot the node": timed out. The roll stops',
+                     'pve3: no NVIDIA driver loaded (no GPUs): nothing to upgrade']
+    # mended and run again: each node upgraded, or already on the version
+    nodes['pve1'].update(state='upgraded', down_seconds=42)
+    nodes['pve2'] = plan('pve2', False, '580.105.08')
+    done = fleet.upgrade_outcome(False, 'successful', 0, ok, nodes)
+    assert (done['exit_code'], done['verdict']) == (0, 'driver 580.105.08: upgraded: pve1; unchanged: pve2; no driver: pve3')
+    assert show.upgrade_line(done['upgrade'][0]) == 'pve1: upgraded 580.95.05 -> 580.105.08, CT 221 verified (down 42 s)'
+    assert show.upgrade_line(done['upgrade'][1]) == 'pve2: on 580.105.08 already'
+    # a version refused before any plan was written: the verdict is the refusal
+    refused = fleet.upgrade_outcome(False, 'failed', 2, stats(failures={'pve1': 1}), {}, [
+        'pve1: the NVIDIA driver 520.61.05 does not run the venv of every GPU container on it'] * 2)
+    assert (refused['exit_code'], refused['verdict']) == (
+        1, 'error: pve1: the NVIDIA driver 520.61.05 does not run the venv of every GPU container on it')

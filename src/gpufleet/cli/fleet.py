@@ -1,4 +1,5 @@
-"""`gpufleet up`, `gpufleet drift [--fix]`, `gpufleet verify` and `gpufleet doctor`: the collection's playbooks run
+"""`gpufleet up`, `gpufleet drift [--fix]`, `gpufleet verify`, `gpufleet doctor` and `gpufleet driver-upgrade`: the
+collection's playbooks run
 through ansible-runner, with live progress, a table per container at the end (or --json), and exit codes for cron:
 
     0  clean: the run succeeded and verified every container of the fleet definition (drift: and found none)
@@ -23,7 +24,7 @@ from . import metrics, report, secrets, show
 CLEAN, ERROR, DRIFT, UNREACHABLE = 0, 1, 2, 4
 CONTAINERS_GROUP = 'gpufleet_containers'  # the gpu_container role's gpu_container_group
 PLAYBOOKS = {'up': 'gpufleet.proxmox.site', 'drift': 'gpufleet.proxmox.drift', 'verify': 'gpufleet.proxmox.verify',
-             'doctor': 'gpufleet.proxmox.doctor'}
+             'doctor': 'gpufleet.proxmox.doctor', 'driver-upgrade': 'gpufleet.proxmox.driver_upgrade'}
 RESULT = 'result.json'  # a run's result in its artifacts
 KEEP_RUNS = 20
 
@@ -149,6 +150,53 @@ def doctor_outcome(runner_status, rc, stats, report):
             'hosts': hosts, 'checks': rows, 'containers': [], 'nodes': {}, 'drift': False, 'drift_count': 0}
 
 
+def upgrade_outcome(check, runner_status, rc, stats, reports, failures=()):
+    """gpufleet driver-upgrade's result from each node's report (reports: {node: its plan, with the roll's state
+    where the roll reached it}): a row per node - planned (a check run), upgraded, failed (with why and the way back),
+    not reached (after a node that failed), unchanged (already on the version), no driver - and the verdict. Where
+    no node was planned (a version refused, say), the verdict is the failed tasks' messages (failures)."""
+    hosts = host_stats(stats)
+    rows = []
+    for node, rep in sorted((reports or {}).items()):
+        if not rep.get('from'):
+            state = 'no driver'
+        elif rep.get('state'):
+            state = rep['state']
+        elif not rep.get('needed'):
+            state = 'unchanged'
+        else:
+            state = 'planned' if check else 'not reached'
+        rows.append({'node': node, 'state': state, 'from': rep.get('from'), 'to': rep.get('to'),
+                     'containers': [c.get('vmid') for c in rep.get('containers') or []], 'steps': rep.get('steps') or [],
+                     'down_seconds': rep.get('down_seconds'), 'msg': rep.get('msg')})
+    by = dict((state, [r['node'] for r in rows if r['state'] == state]) for state in set(r['state'] for r in rows))
+    version = next((r['to'] for r in rows if r['to']), None)
+    unreachable = sorted(h for h, s in hosts.items() if s['unreachable'])
+    failed = sorted(h for h, s in hosts.items() if s['failures'])
+    said = '; '.join('{0}: {1}'.format(state, ', '.join(by[state])) for state in (
+        'planned', 'upgraded', 'failed', 'not reached', 'unchanged', 'no driver') if by.get(state))
+    if unreachable:
+        code, verdict = UNREACHABLE, 'unreachable: ' + ', '.join(unreachable)
+    elif by.get('failed') or failed or rc != 0 or stats is None or not rows:
+        code = ERROR
+        verdict = 'error: ' + (said or '; '.join(sorted(set(failures))) or 'ansible-playbook exited {0} ({1})'.format(
+            rc, runner_status))
+    else:
+        code, verdict = CLEAN, '{0} {1}'.format('plan for' if check else 'driver', version) + ': ' + said
+    return {'command': 'driver-upgrade' + (' --check' if check else ''), 'exit_code': code, 'verdict': verdict,
+            'status': runner_status, 'rc': rc, 'hosts': hosts, 'upgrade': rows, 'containers': [], 'nodes': {},
+            'drift': False, 'drift_count': 0}
+
+
+def read_reports(directory):
+    """{name: data} of the JSON reports in directory ({} where there is none)."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith('.json'))
+    except OSError:
+        return {}
+    return dict((n[:-len('.json')], read_json(os.path.join(directory, n)) or {}) for n in names)
+
+
 def ansible_settings():
     """The Ansible settings the CLI hands ansible-runner: host key checking as this directory's ansible.cfg and the
     environment set it ('True' unless they turn it off; ansible-runner turns it off for every run it starts unless
@@ -207,6 +255,9 @@ def execute(args, command=None):
     cmdline = ansible_options(args)
     if command == 'drift' and not fix:
         cmdline += ['--check', '--diff']
+    if command == 'driver-upgrade':
+        cmdline += (['-e', 'gpu_node_driver_version=' + args.version] if args.version else []) + (
+            ['--check'] if args.check else [])
     progress = show.Progress(scrubber.text, verbose=args.verbose, quiet=args.json)
     with progress:
         r = ansible_runner.run(
@@ -218,6 +269,9 @@ def execute(args, command=None):
     ended = time.time()
     if command == 'doctor':
         result = doctor_outcome(r.status, r.rc, r.stats, read_json(os.path.join(reports, 'doctor.json')))
+    elif command == 'driver-upgrade':
+        result = upgrade_outcome(args.check, r.status, r.rc, r.stats,
+                                 read_reports(os.path.join(reports, 'driver-upgrade')), progress.failures)
     else:
         summary = this_run(read_json(os.path.join(reports, 'summary.json')), ident)
         result = outcome(command, fix, r.status, r.rc, r.stats, summary,
@@ -271,10 +325,14 @@ def add_parsers(sub):
              'verify': 'verify every container (read only)',
              'doctor': 'before a first run: check SSH, pct, the API logins, nodes, templates, storage, drivers and '
                        'packages, and what a run would change; each failing check with its fix (changes nothing)',
+             'driver-upgrade': "roll the nodes' NVIDIA driver (gpu_node_driver_version, or --version) one node at a "
+                               'time: each node\'s GPU containers stopped, the driver installed and built for its '
+                               'kernels, the node rebooted, its containers started and verified; --check says what '
+                               'it would do',
              'report': 'the fleet as one HTML page (--html FILE): each node\'s GPUs and who holds them, each '
                        'container\'s versions, verdict and drift; from the last run, or from a drift check now (-i)'}
     codes = __doc__.split('\n\n')[1]
-    for name in ('up', 'drift', 'verify', 'doctor', 'report'):
+    for name in ('up', 'drift', 'verify', 'doctor', 'driver-upgrade', 'report'):
         # only drift runs write a drift report: up and verify never exit 2
         own = codes if name == 'drift' else '\n'.join(line for line in codes.split('\n') if not line.startswith('    2 '))
         if name == 'doctor':
@@ -282,6 +340,10 @@ def add_parsers(sub):
                    'could not run')
         if name == 'report':
             own = '    0  the page was written (or the table shown)\n    1  no run to report on'
+        if name == 'driver-upgrade':
+            own = ('    0  every node is on the version (or, with --check, the plan was made)\n    1  a node failed '
+                   '(the roll stopped there; its report says why and the way back), or the run could not start\n'
+                   '    4  hosts unreachable')
         p = sub.add_parser(name, help=helps[name], description=helps[name] + '.\n\nexit codes:\n' + own,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         scope = p.add_mutually_exclusive_group()  # --node is a --limit spelled by node
@@ -289,6 +351,11 @@ def add_parsers(sub):
             (scope if dest in ('limit', 'node') else p).add_argument(*flags, dest=dest, **kw)
         if name == 'drift':
             p.add_argument('--fix', action='store_true', help='repair the drift (a plain drift.yml run)')
+        if name == 'driver-upgrade':
+            p.add_argument('--version', help='the NVIDIA driver version (default: the inventory\'s '
+                           'gpu_node_driver_version)')
+            p.add_argument('--check', action='store_true', help='say what the roll would do on each node, changing '
+                           'nothing')
         if name in ('up', 'drift', 'verify'):
             p.add_argument('--metrics', metavar='FILE', help='write the fleet\'s metrics to FILE for node_exporter\'s '
                            'textfile collector (Prometheus text format, replaced atomically; docs/operators.md)')

@@ -5,6 +5,10 @@
     gpufleet verify        verify every container (read only)
     gpufleet doctor        before a first run: what the fleet needs that is missing, each with its fix
                            (changes nothing; exit 0 ready, 1 not ready)
+    gpufleet driver-upgrade [--version V] [--check]
+                           roll the nodes' NVIDIA driver one node at a time (driver_upgrade.yml); --check
+                           says, node by node, the containers it stops and every step (exit 0 done or
+                           planned, 1 a node failed: the roll stopped there)
                            each with -i, --limit or --node NODE (a node and its containers), --forks, -e,
                            --vault-password-file, --json, -v;
                            exit codes: 0 clean, 1 error, 4 hosts unreachable, and for drift 2 drift found

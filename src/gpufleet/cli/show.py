@@ -21,6 +21,7 @@ class Progress:
         self.hosts = {}
         self.play = ''
         self.live = None
+        self.failures = []  # the failed tasks' messages, scrubbed, each starting with its host
 
     def __enter__(self):
         if not self.quiet and not self.verbose and self.console.is_terminal:
@@ -68,6 +69,8 @@ class Progress:
             self._host(host)['changed' if (data.get('res') or {}).get('changed') else 'ok'] += 1
         elif host and kind == 'runner_on_failed' and not data.get('ignore_errors'):
             self._host(host)['failed'] += 1
+            msg = str((data.get('res') or {}).get('msg', ''))
+            self.failures.append(self.scrub(msg if msg.startswith(host + ':') else '{0}: {1}'.format(host, msg)))
             if not self.live and not self.verbose:
                 self._say('  failed: {0}: {1}: {2}'.format(host, data.get('task', ''),
                                                           (data.get('res') or {}).get('msg', '')))
@@ -105,6 +108,24 @@ def _ok(row):
     return 'yes' if row['ok'] else ('no ({0})'.format(state) if state not in (None, 'failed') else 'no')
 
 
+def upgrade_line(row):
+    """One node of a driver upgrade, in a line."""
+    cts = ', '.join('CT {0}'.format(v) for v in row['containers']) or 'no GPU container'
+    if row['state'] == 'planned':
+        return '{0}: planned {1} -> {2}: {3}'.format(row['node'], row['from'], row['to'], '; '.join(
+            '{0}. {1}'.format(i + 1, s) for i, s in enumerate(row['steps'])))
+    if row['state'] == 'upgraded':
+        return '{0}: upgraded {1} -> {2}, {3} verified (down {4} s)'.format(
+            row['node'], row['from'], row['to'], cts, row['down_seconds'])
+    if row['state'] == 'failed':
+        return '{0}: FAILED: {1}'.format(row['node'], row['msg'])
+    if row['state'] == 'not reached':
+        return '{0}: not reached ({1} -> {2} waits for the node that failed)'.format(row['node'], row['from'], row['to'])
+    if row['state'] == 'unchanged':
+        return '{0}: on {1} already'.format(row['node'], row['to'])
+    return '{0}: no NVIDIA driver loaded (no GPUs): nothing to upgrade'.format(row['node'])
+
+
 def render_checks(rows, console):
     """The doctor's checks: a table on a terminal, a line each elsewhere (the fix under a failing one)."""
     if console.is_terminal:
@@ -130,6 +151,11 @@ def render(result, console=None):
     console = console or Console(highlight=False)
     if 'checks' in result:
         render_checks(result['checks'], console)
+        console.print(result['verdict'], markup=False, soft_wrap=True)
+        return
+    if 'upgrade' in result:
+        for row in result['upgrade']:
+            console.print(upgrade_line(row), markup=False, soft_wrap=True)
         console.print(result['verdict'], markup=False, soft_wrap=True)
         return
     rows = result['containers']
