@@ -118,6 +118,12 @@ def test_a_driver_upgrade_is_planned_refused_rolled_stopped_at_a_failing_node_an
     assert status(cluster, 'pve1', 221) == 'running' and loaded(cluster, 'pve1') == OLD['pve1']
     assert host.read_dpkg(lab.on('pve1')) == packages['pve1']
     assert not [t for t in failed.tasks('pve1') if t.get('changed')]
+    # each node's plan and outcome in the run's reports (the gpufleet CLI reads them)
+    reports = dict((n, json.loads((tmp_path / 'reports' / 'driver-upgrade' / (n + '.json')).read_text()))
+                   for n in ('pve1', 'pve2', 'pve3'))
+    assert (reports['pve2']['state'], reports['pve2']['msg']) == ('failed', why.split(' on pve2: ', 1)[1])
+    assert 'state' not in reports['pve1'] and reports['pve1']['needed']  # planned, not reached
+    assert reports['pve3']['from'] is None
     # a drift check sees what the next boot of pve2 would do
     drift = run_playbook(open(DRIFT).read(), tmp_path, '--check', inventory=CLUSTER)
     found = json.loads((tmp_path / 'reports' / 'drift' / 'summary.json').read_text())
@@ -137,7 +143,9 @@ def test_a_driver_upgrade_is_planned_refused_rolled_stopped_at_a_failing_node_an
         assert status(cluster, name, vmid) == 'running'
         assert set(v for v, _held in host.read_dpkg(lab.on(name)).values()) == {NEW + '-1'}
         assert all(held for _v, held in host.read_dpkg(lab.on(name)).values())  # held again
+    done = json.loads((tmp_path / 'reports' / 'driver-upgrade' / 'pve1.json').read_text())
     record = json.loads(open(os.path.join(lab.on('pve1').node_files, 'var/lib/gpufleet/driver-upgrade.json')).read())
+    assert (done['state'], done['down_seconds']) == ('upgraded', record['down_seconds'])
     assert (record['from'], record['to'], record['containers']) == (OLD['pve1'], NEW, [221])
     assert int(record['down_seconds']) > 0
 
