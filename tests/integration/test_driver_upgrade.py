@@ -83,6 +83,17 @@ def test_a_driver_upgrade_is_planned_refused_rolled_stopped_at_a_failing_node_an
     bad = upgrade(tmp_path, 'latest')
     assert bad.rc != 0 and "gpu_node_driver_version: 'latest' is not an NVIDIA driver version" in bad.stdout
     assert status(cluster, 'pve1', 221) == 'running' and loaded(cluster, 'pve1') == OLD['pve1']
+    # a version the nodes' package sources do not have fails the first node's dry run, before anything stops
+    missing = upgrade(tmp_path, NEWER)
+    why = [f for f in missing.failures() if 'Stop the roll at this node' in f]
+    assert missing.rc != 0 and len(why) == 1, missing.failures() or missing.stdout[-3000:]
+    assert ('pve2: the upgrade of its NVIDIA driver to 580.126.09 failed at "Check that apt can install the packages '
+            "of the new version (apt; a dry run)\": non-zero return code E: Version '580.126.09-1' for 'libcuda1' was not "
+            'found.') in why[0]
+    assert why[0].endswith('The roll stops here: the nodes after it are untouched. Nothing was changed on pve2: its '
+                           'GPU containers run on, on 570.172.08.'), why[0]
+    assert status(cluster, 'pve2', 222) == status(cluster, 'pve1', 221) == 'running'
+    assert dict((n, host.read_dpkg(lab.on(n))) for n in ('pve1', 'pve2')) == packages
 
     # the check run names each node, its containers and every step, and changes nothing
     check = upgrade(tmp_path, NEW, '--check')

@@ -1,6 +1,6 @@
 """The lab node's own commands for its driver's life, acting on the node's stand-in files (host.gpus):
 
-    apt-get update | install [-y] [--allow-change-held-packages] [--allow-downgrades] [-o OPT] PKG=VERSION ...
+    apt-get update | install [-y] [-s] [--allow-change-held-packages] [--allow-downgrades] [-o OPT] PKG=VERSION ...
     apt-mark hold|unhold|showhold [PKG ...]
     dkms install nvidia/VERSION -k KERNEL | dkms status
     nvidia-installer VERSION --silent [--dkms] [--kernel-name=KERNEL]   (NVIDIA-Linux-x86_64-VERSION.run)
@@ -61,6 +61,10 @@ def _apt_get(lab, args):
     if host.version_key(version) < host.version_key(host.installed_version(lab)) and '--allow-downgrades' not in flags:
         print('E: Packages were downgraded and -y was used without --allow-downgrades.', file=sys.stderr)
         return 100
+    if flags & {'-s', '--simulate', '--dry-run'}:
+        for name in sorted(changed):
+            print('Inst {0} [{1}] ({2} lab:stable [amd64])'.format(name, packages[name][0], changed[name]))
+        return 0
     errors = host.install_driver(lab, version)
     host.write_dpkg(lab, dict((n, (wanted.get(n, v), held)) for n, (v, held) in packages.items()))
     running = host.running_kernel(lab)
