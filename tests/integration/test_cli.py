@@ -310,6 +310,9 @@ def test_a_driver_upgrade_from_the_cli_planned_rolled_then_nothing_to_do(fleet, 
     upgrades pve1 and verifies CT 361 on the new driver, a second run has nothing to do, and a version too old for a
     container's venv is refused with the reason as the verdict."""
     from gpufleet.lab import host, manager
+    # the fleet as the module's first run made it (a test before this one destroys CT 361)
+    up = as_json(gpufleet(fleet['home'], fleet['file'], 'up', '--json'))
+    assert up['exit_code'] == 0, up['verdict']
     manager.offer_driver(lab, 'pve1', '580.105.08')
     try:
         check = gpufleet(fleet['home'], fleet['file'], 'driver-upgrade', '--version', '580.105.08', '--check', '--json')
