@@ -58,8 +58,9 @@ def built_for(found, version):
 
 def plan(node, version, method, devices, containers, packages=(), package_version=None):
     """The upgrade of node to driver version with method (apt or run): {needed, from, to, kernels, containers,
-    steps, msg}. devices: gpu_devices' facts of the node; containers: [{vmid, hostname, profile, cuda}] of its GPU
-    containers. PlanError where the version or method is not one, or a container's profile needs a newer driver."""
+    pins (each package at its new version, as apt-get takes it), steps, msg, rollback}. devices: gpu_devices' facts
+    of the node; containers: [{vmid, hostname, profile, cuda}] of its GPU containers. PlanError where the version
+    or method is not one, or a container's profile needs a newer driver."""
     if not VERSION_RE.match(str(version or '')):
         raise PlanError('gpu_node_driver_version: {0!r} is not an NVIDIA driver version such as 580.105.08'.format(
             version))
@@ -72,16 +73,15 @@ def plan(node, version, method, devices, containers, packages=(), package_versio
     loaded = devices.get('driver_version')
     kernels = devices.get('kernels') or {}
     running, upcoming = kernels.get('running_kernel'), kernels.get('next_kernel')
-    wanted = [k for k in (running, upcoming) if k]
-    wanted = sorted(set(wanted), key=wanted.index)
+    wanted = list(dict.fromkeys(k for k in (running, upcoming) if k))  # the two, once where they are the same
     installed = devices.get('installed_versions') or []
     built = built_for(kernels, version)
     needed = bool(loaded) and (loaded != version or installed[-1:] != [version]
                                or (bool(kernels.get('dkms')) and not set(wanted) <= built))
     cts = ', '.join('CT {0} ({1})'.format(ct['vmid'], ct['hostname']) for ct in containers) or 'no GPU container'
+    pins = ['{0}={1}'.format(p, package_version or version + '-1') for p in packages]
     if method == 'apt':
-        pins = ' '.join('{0}={1}'.format(p, package_version or version + '-1') for p in packages)
-        install = 'install the packages {0} (held again after)'.format(pins or '(none found)')
+        install = 'install the packages {0} (held again after)'.format(' '.join(pins) or '(none found)')
     else:
         install = "run NVIDIA's installer of {0} (--silent --dkms)".format(version)
     steps = ['stop {0}'.format(cts), install,
@@ -98,16 +98,20 @@ def plan(node, version, method, devices, containers, packages=(), package_versio
         msg = '{0}: NVIDIA driver {1} -> {2} with {3}; its GPU containers are down from the first step to the last: ' \
               '{4}'.format(node, loaded, version, METHODS[method],
                            '; '.join('{0}. {1}'.format(i + 1, s) for i, s in enumerate(steps)))
+    # the way back pins each package to the version the node has now (dpkg's), else the driver's with -1
+    now = dict((p, (kernels.get('packages') or {}).get(p, {}).get('version') or '{0}-1'.format(loaded))
+               for p in packages)
     return {'needed': needed, 'node': node, 'from': loaded, 'to': version, 'method': method, 'kernels': wanted,
-            'containers': containers, 'steps': steps if needed else [], 'msg': msg,
-            'rollback': rollback(node, loaded, version, method, packages, [ct['vmid'] for ct in containers])}
+            'containers': containers, 'pins': pins, 'steps': steps if needed else [], 'msg': msg,
+            'rollback': rollback(node, loaded, version, method, now, [ct['vmid'] for ct in containers])}
 
 
-def rollback(node, old, new, method, packages=(), stopped=()):
-    """What a node whose upgrade failed is left as, and how to go back to driver old or on to new."""
+def rollback(node, old, new, method, packages=None, stopped=()):
+    """What a node whose upgrade failed is left as, and how to go back to driver old (packages: {package: its
+    version now}) or on to new."""
     if method == 'apt':
         back = 'apt-get install -y --allow-change-held-packages --allow-downgrades {0}'.format(
-            ' '.join('{0}={1}-1'.format(p, old) for p in packages))
+            ' '.join('{0}={1}'.format(p, v) for p, v in (packages or {}).items()))
     else:
         back = 'sh NVIDIA-Linux-x86_64-{0}.run --silent --dkms'.format(old)
     cts = ' '.join(str(v) for v in stopped)

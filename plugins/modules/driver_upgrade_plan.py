@@ -99,6 +99,11 @@ containers:
   returned: always
   type: list
   elements: dict
+pins:
+  description: Each of O(packages) at its new version, as apt-get takes it (C(<package>=<Debian version>)).
+  returned: always
+  type: list
+  elements: str
 steps:
   description: The steps of the node's roll, in order (empty where it needs none).
   returned: always
@@ -106,6 +111,11 @@ steps:
   elements: str
 msg:
   description: The plan in one line.
+  returned: always
+  type: str
+rollback:
+  description: What the node is left as where its upgrade fails, and the way back (each package pinned to the
+    version it has now) or on.
   returned: always
   type: str
 '''

@@ -41,6 +41,12 @@ def test_a_node_on_an_older_driver_needs_every_step_and_its_containers_are_named
                                   'containers are down from the first step to the last: 1. stop CT 221 (train-c1); 2.')
     assert 'apt-get install -y --allow-change-held-packages --allow-downgrades libcuda1=580.95.05-1 ' \
            'nvidia-driver=580.95.05-1' in plan['rollback']
+    assert plan['pins'] == ['libcuda1=580.105.08-1', 'nvidia-driver=580.105.08-1']
+    # Debian's own packages are numbered apart (-2): the way back pins what dpkg has now
+    debian = devices()
+    debian['kernels']['packages'] = {'libcuda1': {'version': '580.95.05-2', 'held': True}}
+    assert 'libcuda1=580.95.05-2 nvidia-driver=580.95.05-1,' in nu.plan(
+        'pve1', '580.105.08', 'apt', debian, [CT], ['libcuda1', 'nvidia-driver'])['rollback']
     run = nu.plan('pve1', '580.105.08', 'run', devices(), [CT])
     assert run['steps'][1] == "run NVIDIA's installer of 580.105.08 (--silent --dkms)"
     assert 'sh NVIDIA-Linux-x86_64-580.95.05.run --silent --dkms' in run['rollback']

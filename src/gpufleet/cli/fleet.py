@@ -1,6 +1,6 @@
 """`gpufleet up`, `gpufleet drift [--fix]`, `gpufleet verify`, `gpufleet doctor` and `gpufleet driver-upgrade`: the
-collection's playbooks run
-through ansible-runner, with live progress, a table per container at the end (or --json), and exit codes for cron:
+collection's playbooks run through ansible-runner, with live progress, a table per container at the end (or --json),
+and exit codes for cron:
 
     0  clean: the run succeeded and verified every container of the fleet definition (drift: and found none)
     1  error: a task failed (a repair, a verification), a container of the fleet is missing, stopped or was

@@ -27,7 +27,7 @@ def _apt_get(lab, args):
         print('E: the lab node\'s apt-get knows update and install', file=sys.stderr)
         return 100
     words, wanted, skip = args[1:], {}, False
-    for i, word in enumerate(words):
+    for word in words:
         if skip:
             skip = False
         elif word == '-o':
@@ -143,15 +143,6 @@ def _reboot(lab, args):
     from . import manager
     manager.reboot_node(Lab(), lab.node, say=lambda text: print(text, file=sys.stderr))
     return 0
-
-
-def write(lab):
-    """The node's stand-in commands in its own files (usr/bin/apt-get, usr/bin/apt-mark, usr/sbin/dkms,
-    usr/sbin/reboot), each running this module with the lab's Python for that node."""
-    for rel, name in (('usr/bin', 'apt-get'), ('usr/bin', 'apt-mark'), ('usr/sbin', 'dkms'), ('usr/sbin', 'reboot')):
-        text = ('#!/bin/sh\n# gpufleet lab: {0} of lab node {1}\nGPUFLEET_LAB_DIR={2} GPUFLEET_LAB_NODE={1} '
-                'exec {3} -m gpufleet.lab.nodecmd {0} "$@"\n').format(name, lab.node, lab.root, sys.executable)
-        _write(os.path.join(lab.node_files, rel, name), text.encode(), 0o755)
 
 
 COMMANDS = {'apt-get': _apt_get, 'apt-mark': _apt_mark, 'dkms': _dkms, 'nvidia-installer': _nvidia_installer,

@@ -67,8 +67,17 @@ def ensure_gpus(lab, record, say):
                 gpus['created'].append(path)
     if not gpus['real']:
         write_proc(lab, gpus['uvm_major'])
-    from .. import nodecmd
-    nodecmd.write(lab)
+    for rel, name in (('usr/bin', 'apt-get'), ('usr/bin', 'apt-mark'), ('usr/sbin', 'dkms'), ('usr/sbin', 'reboot')):
+        node_command(lab, os.path.join(rel, name), name)
+
+
+def node_command(lab, rel, *words):
+    """One of the node's own commands (rel in its files: apt-get, dkms, NVIDIA's installer...), the lab's stand-in
+    for it: gpufleet.lab.nodecmd with words, run by the lab's Python as this node."""
+    text = ('#!/bin/sh\n# gpufleet lab: {0} of lab node {1}\n'
+            'GPUFLEET_LAB_DIR={2} GPUFLEET_LAB_NODE={1} exec {3} -m gpufleet.lab.nodecmd {4} "$@"\n').format(
+                os.path.basename(rel), lab.node, lab.root, sys.executable, ' '.join(words))
+    _write(os.path.join(lab.node_files, rel), text.encode(), 0o755)
 
 
 NVIDIA_SMI = """#!/bin/sh
@@ -262,6 +271,12 @@ def running_kernel(lab):
     return _first_line(_osrelease(lab))
 
 
+def installed_kernels(lab):
+    """The kernels installed on the node (its /boot/vmlinuz-<release>)."""
+    return sorted(os.path.basename(p)[len('vmlinuz-'):]
+                  for p in glob.glob(os.path.join(lab.node_files, 'boot', 'vmlinuz-*')))
+
+
 def dkms_built(lab):
     """{version: [kernels]} DKMS built the NVIDIA module of version for."""
     built = {}
@@ -288,7 +303,7 @@ def module_version(lab, release):
 def boot_module(lab):
     """The version of the NVIDIA module a boot loads: the one installed for the kernel the node runs (None: the
     kernel has none, and no driver loads)."""
-    release = _first_line(_osrelease(lab))
+    release = running_kernel(lab)
     if not release:
         return lab.driver_version  # a node made before the lab knew kernels: its driver loads as it always did
     return module_version(lab, release)
@@ -301,8 +316,7 @@ def boot_kernel(lab):
     grub and systemd-boot list kernels newest first). Returns it."""
     kernel_dir = os.path.join(lab.node_files, 'etc', 'kernel')
     once = os.path.join(kernel_dir, 'next-boot-pin')
-    installed = [os.path.basename(p)[len('vmlinuz-'):]
-                 for p in glob.glob(os.path.join(lab.node_files, 'boot', 'vmlinuz-*'))]
+    installed = installed_kernels(lab)
     release = (_first_line(once) or _first_line(os.path.join(kernel_dir, 'proxmox-boot-pin'))
                or (max(installed, key=version_key) if installed else None))
     if os.path.exists(once):
@@ -380,7 +394,7 @@ def write_dpkg(lab, packages):
 # A node's package sources offer driver versions (offer_driver); apt-get installs one as Debian's packages do
 # (install_driver): the userspace libraries are replaced, DKMS's postinst removes the old module and builds the new
 # one for every installed kernel, and the loaded module stays until the node reboots (its userspace then answers
-# "Driver/library version mismatch"). The node's stand-in commands (node_commands) run these.
+# "Driver/library version mismatch"). The node's stand-in commands (node_command) run these.
 def offers_file(lab):
     return os.path.join(lab.driver_dir, 'offered.json')
 
@@ -400,10 +414,7 @@ def offer_driver(lab, version, fails_on=()):
     found = offers(lab)
     found[version] = {'fails_on': list(fails_on)}
     _write(offers_file(lab), json.dumps(found, indent=1).encode(), 0o644)
-    _write(os.path.join(lab.node_files, 'root', 'NVIDIA-Linux-x86_64-{0}.run'.format(version)),
-           ('#!/bin/sh\n# gpufleet lab: NVIDIA\'s installer of {0} for lab node {1}\nGPUFLEET_LAB_DIR={2} '
-            'GPUFLEET_LAB_NODE={1} exec {3} -m gpufleet.lab.nodecmd nvidia-installer {0} "$@"\n').format(
-                version, lab.node, lab.root, sys.executable).encode(), 0o755)
+    node_command(lab, os.path.join('root', 'NVIDIA-Linux-x86_64-{0}.run'.format(version)), 'nvidia-installer', version)
 
 
 def dkms_build(lab, version, release):
@@ -437,10 +448,7 @@ def install_driver(lab, version, kernels=None):
         for path in glob.glob(os.path.join(lab.node_files, 'lib', 'modules', '*', '*', '*', 'nvidia.ko*')):
             os.unlink(path)
     errors = []
-    if kernels is None:
-        kernels = [os.path.basename(p)[len('vmlinuz-'):]
-                   for p in sorted(glob.glob(os.path.join(lab.node_files, 'boot', 'vmlinuz-*')))]
-    for release in kernels:
+    for release in installed_kernels(lab) if kernels is None else kernels:
         error = dkms_build(lab, version, release)
         if error:
             errors.append(error)
