@@ -13,6 +13,25 @@ from ansible.utils.vars import merge_hash
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _deferred
 
 
+def from_profile(args):
+    """The module's arguments with what the profile (profile: the venv_profile lookup's answer) gives filled in: the
+    lock's text, the Python version, the overrides, the imports and what to remember (meta: the profile's name, the
+    lock's path, its overrides, imports and expectations). Given once, the profile is templated once per task."""
+    profile = args.pop('profile', None)
+    if not profile:
+        return args
+    meta = profile.get('meta') or {}
+    filled = dict(lock_content=profile.get('lock'), overrides=meta.get('overrides') or [],
+                  imports=meta.get('imports') or ['torch'])
+    if meta.get('python') is not None:
+        filled['python_version'] = meta['python']
+    filled.update(args)
+    filled.setdefault('meta', dict(profile=profile.get('name'), lock=filled.get('lock'),
+                                   overrides=filled['overrides'], imports=filled['imports'],
+                                   expect=meta.get('expect') or {}))
+    return filled
+
+
 class ActionModule(ActionBase):
     _supports_check_mode = True
     _supports_async = True
@@ -21,6 +40,7 @@ class ActionModule(ActionBase):
         result = super(ActionModule, self).run(tmp, task_vars)
         args = dict(self._task.args)
         defer = boolean(args.pop('defer', False), strict=False)
+        args = from_profile(args)
         module = self._task.resolved_action or self._task.action
         if defer and self._task.check_mode and _deferred.can_defer(self):
             result.update(changed=False, deferred=_deferred.record(self, module, args, task_vars))

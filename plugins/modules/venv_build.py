@@ -46,6 +46,13 @@ options:
         checked and built from, and written to O(lock) only after its venv is active, so a failed build leaves
         the lock file as it was. Saves putting the file there with a task of its own.
     type: str
+  profile:
+    description:
+      - A venv profile as the P(gpufleet.proxmox.venv_profile#lookup) lookup reads it (C(name), C(meta), C(lock)).
+        The action plugin takes from it what is not given - O(lock_content) (its lock), O(python_version) (its
+        C(python)), O(overrides), O(imports) and O(meta) (the profile's name, O(lock), its overrides, imports and
+        C(expect)) - so that a task names its profile once.
+    type: dict
   root:
     description: The directory holding the venvs.
     type: path
@@ -291,6 +298,7 @@ def main():
         uv_version=dict(type='str'), uv_find_links=dict(type='path'), audit=dict(type='bool', default=False),
         repair=dict(type='bool', default=False), link_mode=dict(type='str', default='copy', choices=['copy', 'hardlink']),
         audit_mode=dict(type='str', default='fast', choices=['fast', 'full']), defer=dict(type='bool', default=False),
+        profile=dict(type='dict'),
         driver=dict(type='dict', options=dict(
             node_version=dict(type='str', required=True),
             mode=dict(type='str', choices=['bind', 'read'], default='bind'),
