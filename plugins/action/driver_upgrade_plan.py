@@ -45,7 +45,7 @@ class ActionModule(ControllerAction):
                                'profile': os.path.basename(name), 'cuda': cuda, 'needs': needs})
         try:
             plan = _nvidia_upgrade.plan(node, args['version'], args['method'], args['devices'], containers,
-                                        args['packages'], args['package_version'])
+                                        args['packages'], args['package_version'], args['read'])
         except _nvidia_upgrade.PlanError as e:
             raise AnsibleActionFail(str(e))
         return dict(plan, changed=False)

@@ -51,16 +51,35 @@ def refusals(version, containers):
     return out
 
 
+def unmade(node, containers, read):
+    """Each GPU container of node (containers: [{vmid, hostname}]) that is not where the fleet says, from read (the
+    fleet's containers as a check-mode reconcile reads them through the API: gpu_container's discover):
+    'CT <vmid> (<hostname>) ...'. A container the read does not name is not judged."""
+    found = dict((r.get('vmid'), r) for r in read or [] if isinstance(r, dict))
+    out = []
+    for ct in containers:
+        got = found.get(ct['vmid'])
+        if not got:
+            continue
+        if got.get('created'):
+            out.append('CT {0} ({1}) does not exist'.format(ct['vmid'], ct['hostname']))
+        elif got.get('node') != node:
+            out.append('CT {0} ({1}) is on {2}, not on {3}'.format(ct['vmid'], ct['hostname'], got.get('node'), node))
+    return out
+
+
 def built_for(found, version):
     """The kernels DKMS built the module of version for (found: gpu_devices' kernels)."""
     return set(((found or {}).get('dkms') or {}).get(version, {}).get('built') or [])
 
 
-def plan(node, version, method, devices, containers, packages=(), package_version=None):
+def plan(node, version, method, devices, containers, packages=(), package_version=None, read=None):
     """The upgrade of node to driver version with method (apt or run): {needed, from, to, kernels, containers,
     pins (each package at its new version, as apt-get takes it), steps, msg, rollback}. devices: gpu_devices' facts
-    of the node; containers: [{vmid, hostname, profile, cuda}] of its GPU containers. PlanError where the version
-    or method is not one, or a container's profile needs a newer driver."""
+    of the node; containers: [{vmid, hostname, profile, cuda}] of its GPU containers; read: the fleet's containers
+    as the API has them (unmade). PlanError where the version or method is not one, a container's profile needs a
+    newer driver, or (where the node needs the upgrade) a GPU container of the node is not made as the fleet says:
+    the roll would stop, start and verify what is not there."""
     if not VERSION_RE.match(str(version or '')):
         raise PlanError('gpu_node_driver_version: {0!r} is not an NVIDIA driver version such as 580.105.08'.format(
             version))
@@ -78,6 +97,10 @@ def plan(node, version, method, devices, containers, packages=(), package_versio
     built = built_for(kernels, version)
     needed = bool(loaded) and (loaded != version or installed[-1:] != [version]
                                or (bool(kernels.get('dkms')) and not set(wanted) <= built))
+    missing = unmade(node, containers, read) if needed else []
+    if missing:
+        raise PlanError('{0}: its GPU containers are not as the fleet says, nothing was changed: {1}. Make the fleet '
+                        'first (ansible-playbook site.yml), then upgrade'.format(node, '; '.join(missing)))
     cts = ', '.join('CT {0} ({1})'.format(ct['vmid'], ct['hostname']) for ct in containers) or 'no GPU container'
     pins = ['{0}={1}'.format(p, package_version or version + '-1') for p in packages]
     if method == 'apt':

@@ -58,6 +58,14 @@ options:
   package_version:
     description: Their Debian version; O(version) with C(-1) by default.
     type: str
+  read:
+    description:
+      - The fleet's containers as the API has them (the C(containers) of a check-mode reconcile, as the
+        C(gpu_container) role's C(discover) tasks read them). Where the node needs the upgrade and one of its GPU
+        containers does not exist, or is on another node, the plan is refused, naming it - the roll would stop,
+        start and verify what is not there. Without it, that is not checked.
+    type: list
+    elements: dict
 attributes:
   check_mode:
     description: Changes nothing in any mode.
@@ -134,6 +142,7 @@ ARGUMENT_SPEC = {
     'profiles_dir': {'type': 'path'},
     'packages': {'type': 'list', 'elements': 'str', 'default': []},
     'package_version': {'type': 'str'},
+    'read': {'type': 'list', 'elements': 'dict'},
 }
 
 

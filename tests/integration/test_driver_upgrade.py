@@ -181,9 +181,17 @@ def test_nvidias_installer_on_one_node_and_a_container_that_fails_its_verificati
     """gpu_node_driver_install: run on pve2 alone (--limit): NVIDIA's installer builds its module with DKMS for the
     running kernel only; the upgrade builds it for the kernel the node boots next and reboots. CT 222's venv was
     broken before: it fails its verification on the new driver, so the node fails with CT 222 stopped again; once
-    site.yml has repaired the venv, the upgrade has nothing left to do on pve2."""
+    site.yml has repaired the venv, the upgrade has nothing left to do on pve2. Before the fleet is made, the upgrade
+    is refused, naming the GPU container that does not exist, and creates nothing."""
     cluster, lab = nodes, nodes['lab']
     cluster['pve'].made.extend([221, 222, 223])
+    early = upgrade(tmp_path, NEWER, '-e', 'gpu_node_driver_install=run', '--limit', 'pve2')
+    assert early.rc != 0
+    assert any('pve2: its GPU containers are not as the fleet says, nothing was changed: CT 222 (train-c2) does not '
+               'exist. Make the fleet first (ansible-playbook site.yml), then upgrade' in f
+               for f in early.failures()), early.failures() or early.stdout[-3000:]
+    assert not ran(early, 'pve2', 'Stop the containers') and loaded(cluster, 'pve2') == OLD['pve2']
+    assert 222 not in [g['vmid'] for g in cluster['pve'].api.cluster.resources.get(type='vm')]
     first = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
     assert first.rc == 0, first.failures() or first.stdout[-3000:]
     pve2 = lab.on('pve2')

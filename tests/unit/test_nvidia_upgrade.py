@@ -93,3 +93,20 @@ def test_the_fleets_gpu_containers_on_a_node():
              {'vmid': 3, 'node': 'pve2', 'gpus': 'all'}, {'vmid': 4, 'node': 'pve1', 'gpus': 'all', 'state': 'absent'},
              {'vmid': 5, 'node': 'pve1', 'gpus': 'all'}]
     assert [e['vmid'] for e in nu.gpu_containers(fleet, 'pve1')] == [1, 5]
+
+
+def test_a_gpu_container_the_fleet_has_not_made_where_it_says_is_refused_where_the_node_needs_the_upgrade():
+    other = {'vmid': 224, 'hostname': 'train-c4', 'profile': 'default', 'cuda': '12.8'}
+    read = [{'vmid': 221, 'node': 'pve1', 'created': True, 'status': 'stopped'},
+            {'vmid': 224, 'node': 'pve3', 'created': False, 'status': 'stopped', 'changed_keys': ['node']}]
+    with pytest.raises(nu.PlanError) as refused:
+        nu.plan('pve1', '580.105.08', 'apt', devices(), [CT, other], read=read)
+    assert str(refused.value) == (
+        'pve1: its GPU containers are not as the fleet says, nothing was changed: CT 221 (train-c1) does not exist; '
+        'CT 224 (train-c4) is on pve3, not on pve1. Make the fleet first (ansible-playbook site.yml), then upgrade')
+    # made where the fleet says (or not read at all): planned
+    made = [{'vmid': 221, 'node': 'pve1', 'created': False, 'status': 'running'}]
+    assert nu.plan('pve1', '580.105.08', 'apt', devices(), [CT, other], read=made)['needed']
+    # a node with nothing to do stops nothing: not refused
+    done = devices(loaded='580.105.08', installed=('580.105.08',), built={'580.105.08': [RUNNING, NEXT]})
+    assert not nu.plan('pve1', '580.105.08', 'apt', done, [CT], read=read)['needed']
