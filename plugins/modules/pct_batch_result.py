@@ -13,11 +13,14 @@ description:
     output - changed, failed with the module's message, or the container unreachable as the pct connection says.
   - Where the node did not run the call (its play was limited away, or its batch failed), the call runs now, over
     the container's own connection.
+  - A result that holds no deferred call (the call ran in the container - another connection, or a run that changes
+    things) is returned as it is, so that one task can take either and register it under the same name.
 extends_documentation_fragment:
   - gpufleet.proxmox.controller_action
 options:
   deferred:
-    description: The container's registered result of the deferred task (its C(deferred) key).
+    description: The container's registered result of the deferred task (its C(deferred) key), or of the task
+      that ran.
     type: dict
     required: true
   batch:
@@ -34,17 +37,11 @@ author:
 '''
 
 EXAMPLES = r'''
-- name: Take the venv read its node ran
+- name: Take the venv read its node ran (a build that ran in the container stays as it is)
   gpufleet.proxmox.pct_batch_result:
     deferred: "{{ torch_venv_build }}"
     batch: "{{ hostvars[gpufleet_node].torch_venv_batch_run | default({}) }}"
-  register: taken
-  when: torch_venv_build.deferred is defined
-
-- name: Know it as the build's result (a skipped task's register would replace the build's own)
-  ansible.builtin.set_fact:
-    torch_venv_build: "{{ taken }}"
-  when: taken is not skipped
+  register: torch_venv_build
 '''
 
 RETURN = r'''

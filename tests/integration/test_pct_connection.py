@@ -186,5 +186,9 @@ def test_a_deferred_call_runs_on_its_node_and_each_container_takes_its_result(tm
         r = run_playbook([record, batch, take(given)], tmp_path, '--check', inventory=inv)
         took = r.data['plays'][-1]['tasks'][0]['hosts']['ct']
         assert took.get('unreachable') and 'CT {0} on node 127.0.0.1 is not running'.format(container) in took['msg']
-    not_deferred = run(tmp_path, inv, [{'gpufleet.proxmox.pct_batch_result': {'deferred': {'changed': False}}}])
-    assert 'holds no deferred call' in not_deferred.task(0, 'ct')['msg']
+    # a result that was not deferred (the call ran in the container) is taken as it is
+    ran_here = {'changed': True, 'id': 'abc', 'venv': '/opt/gpufleet/venvs/abc'}
+    not_deferred = run(tmp_path, inv, [{'gpufleet.proxmox.pct_batch_result': {'deferred': ran_here}}])
+    taken = not_deferred.task(0, 'ct')
+    assert not taken.get('failed'), taken
+    assert (taken['changed'], taken['id'], taken['venv']) == (True, 'abc', '/opt/gpufleet/venvs/abc')
