@@ -3,14 +3,17 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Action for gpufleet.proxmox.venv_build: the module runs in the container as any module does, except that with
 defer, in a check run of a container reached with the pct connection, the call is recorded for its node to run with
-its other containers' (plugin_utils _deferred; the pct_batch action runs them, pct_batch_result takes each result)."""
+its other containers' (plugin_utils _deferred; the pct_batch action runs them, pct_batch_result takes each result).
+The recorded call runs the module's entry point without Ansible's module wrapper (plugin_utils _direct), its
+arguments checked here first with the module's argument spec."""
 
 
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.vars import merge_hash
 
-from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _deferred
+from ansible_collections.gpufleet.proxmox.plugins.modules.venv_build import ARGUMENT_SPEC, REQUIRED_IF
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _deferred, _direct
 
 
 def from_profile(args):
@@ -43,7 +46,11 @@ class ActionModule(ActionBase):
         args = from_profile(args)
         module = self._task.resolved_action or self._task.action
         if defer and self._task.check_mode and _deferred.can_defer(self):
-            result.update(changed=False, deferred=_deferred.record(self, module, args, task_vars))
+            params, paths, error = _direct.validated(module, ARGUMENT_SPEC, args, required_if=REQUIRED_IF)
+            if error:
+                return dict(result, failed=True, msg=error)
+            program = _direct.script('_venv_build:call', params, paths, check=True)
+            result.update(changed=False, deferred=_deferred.record(self, module, args, task_vars, program=program))
             return result
         wrap_async = self._task.async_val and not self._connection.has_native_async
         result = merge_hash(result, self._execute_module(module_name=module, module_args=args, task_vars=task_vars,

@@ -11,8 +11,9 @@ switch a stable symlink to it atomically, keeping the previous ones for rollback
     <root>/history.json          the ids in the order they were made active, newest last
     <link> -> <root>/<id>        the stable path jobs use (/root/venv)
 
-Store(root, link) is that layout: what is there, and the steps that change it. deploy(Request) is the entry point.
-Standard library only: it runs with the target's system Python.
+Store(root, link) is that layout: what is there, and the steps that change it. deploy(Request) is the venv's entry
+point, call(params, check) the venv_build module's whole call (its driver step first). Standard library only: it runs
+with the target's system Python.
 """
 
 
@@ -30,7 +31,7 @@ import tempfile
 import time
 import zipfile
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv, _verify_record
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia, _venv, _verify_record
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import (
     read_json, read_text, replace_link, write_json, write_text)
 
@@ -448,6 +449,33 @@ class Request:
                    lock_text=params['lock_content'], uv_version=params['uv_version'],
                    uv_find_links=params['uv_find_links'], audit=params['audit'], repair=params['repair'],
                    link_mode=params['link_mode'], audit_mode=params['audit_mode'])
+
+
+def call(params, check):
+    """The venv_build module's call with its validated params, in check mode where check: the container's NVIDIA
+    userspace driver step first (params['driver']; a mismatch fails before the venv is touched), then deploy. Returns
+    the module's result; a failure's has failed and msg (and what is known, e.g. the driver step's result)."""
+    driver, extra = params['driver'], {}
+    if driver:
+        try:
+            extra['driver'], failed = _nvidia.driver_step(driver['node_version'], driver['mode'], driver['mount'],
+                                                          driver['require_match'], check)
+        except (IOError, OSError) as e:
+            return dict(failed=True, msg='venv_build: the driver step: {0}'.format(e))
+        if failed:
+            return dict(extra, failed=True, msg='venv_build: {0}; the venv was not touched'.format(extra['driver']['msg']))
+    try:
+        result = deploy(Request.from_params(params, check))
+    except RepairError as e:
+        return dict(e.details, failed=True, msg='venv_build: the repair of {0} failed: {1}'.format(params['link'], e),
+                    **extra)
+    except BuildError as e:
+        return dict(e.details, failed=True, msg='venv_build: {0}; the active venv is unchanged'.format(e), **extra)
+    except (ValueError, IOError, OSError) as e:
+        return dict(extra, failed=True, msg='venv_build: {0}'.format(e))
+    if extra:
+        result.update(extra, changed=result.get('changed') or extra['driver']['changed'])
+    return result
 
 
 def deploy(req):

@@ -283,47 +283,33 @@ driver:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia, _venv_build
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv_build
+
+# The action plugin checks a deferred call's arguments against these too (its check run's read runs without them).
+ARGUMENT_SPEC = dict(
+    lock=dict(type='path'), root=dict(type='path', default='/opt/gpufleet/venvs'),
+    link=dict(type='path', default='/root/venv'), python=dict(type='path', default='/usr/bin/python3'),
+    uv=dict(type='path', default='uv'), overrides=dict(type='list', elements='str', default=[]),
+    install_args=dict(type='list', elements='str', default=[]), cache_dir=dict(type='path'),
+    imports=dict(type='list', elements='str', default=['torch']), keep=dict(type='int', default=2),
+    rollback=dict(type='bool', default=False), timeout=dict(type='int', default=3600),
+    python_version=dict(type='str'), meta=dict(type='dict', default={}), lock_content=dict(type='str'),
+    uv_version=dict(type='str'), uv_find_links=dict(type='path'), audit=dict(type='bool', default=False),
+    repair=dict(type='bool', default=False), link_mode=dict(type='str', default='copy', choices=['copy', 'hardlink']),
+    audit_mode=dict(type='str', default='fast', choices=['fast', 'full']), defer=dict(type='bool', default=False),
+    profile=dict(type='dict'),
+    driver=dict(type='dict', options=dict(
+        node_version=dict(type='str', required=True),
+        mode=dict(type='str', choices=['bind', 'read'], default='bind'),
+        mount=dict(type='path', default='/opt/nvidia-driver'), require_match=dict(type='bool', default=False))))
+REQUIRED_IF = [('rollback', False, ('lock',))]
 
 
 def main():
-    module = AnsibleModule(argument_spec=dict(
-        lock=dict(type='path'), root=dict(type='path', default='/opt/gpufleet/venvs'),
-        link=dict(type='path', default='/root/venv'), python=dict(type='path', default='/usr/bin/python3'),
-        uv=dict(type='path', default='uv'), overrides=dict(type='list', elements='str', default=[]),
-        install_args=dict(type='list', elements='str', default=[]), cache_dir=dict(type='path'),
-        imports=dict(type='list', elements='str', default=['torch']), keep=dict(type='int', default=2),
-        rollback=dict(type='bool', default=False), timeout=dict(type='int', default=3600),
-        python_version=dict(type='str'), meta=dict(type='dict', default={}), lock_content=dict(type='str'),
-        uv_version=dict(type='str'), uv_find_links=dict(type='path'), audit=dict(type='bool', default=False),
-        repair=dict(type='bool', default=False), link_mode=dict(type='str', default='copy', choices=['copy', 'hardlink']),
-        audit_mode=dict(type='str', default='fast', choices=['fast', 'full']), defer=dict(type='bool', default=False),
-        profile=dict(type='dict'),
-        driver=dict(type='dict', options=dict(
-            node_version=dict(type='str', required=True),
-            mode=dict(type='str', choices=['bind', 'read'], default='bind'),
-            mount=dict(type='path', default='/opt/nvidia-driver'), require_match=dict(type='bool', default=False)))),
-        required_if=[('rollback', False, ('lock',))], supports_check_mode=True)
-    p = module.params
-    driver, extra = p['driver'], {}
-    if driver:
-        try:
-            extra['driver'], failed = _nvidia.driver_step(driver['node_version'], driver['mode'], driver['mount'],
-                                                          driver['require_match'], module.check_mode)
-        except (IOError, OSError) as e:
-            module.fail_json(msg='venv_build: the driver step: {0}'.format(e))
-        if failed:
-            module.fail_json(msg='venv_build: {0}; the venv was not touched'.format(extra['driver']['msg']), **extra)
-    try:
-        result = _venv_build.deploy(_venv_build.Request.from_params(p, module.check_mode))
-    except _venv_build.RepairError as e:
-        module.fail_json(msg='venv_build: the repair of {0} failed: {1}'.format(p['link'], e), **dict(e.details, **extra))
-    except _venv_build.BuildError as e:
-        module.fail_json(msg='venv_build: {0}; the active venv is unchanged'.format(e), **dict(e.details, **extra))
-    except (ValueError, IOError, OSError) as e:
-        module.fail_json(msg='venv_build: {0}'.format(e), **extra)
-    if extra:
-        result.update(extra, changed=result.get('changed') or extra['driver']['changed'])
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF, supports_check_mode=True)
+    result = _venv_build.call(module.params, module.check_mode)
+    if result.get('failed'):
+        module.fail_json(**result)
     module.exit_json(**result)
 
 

@@ -62,16 +62,18 @@ def can_defer(action):
             and conn.is_pipelining_enabled(False) and not action._task.async_val)
 
 
-def record(action, module, args, task_vars):
+def record(action, module, args, task_vars, program=None):
     """The deferral of module(args) in this task's container: the node it runs on (the container's gpufleet_node),
     its vmid, and a private file on the controller holding the call (call_of: the node's argv that runs it, pct exec
-    <vmid> -- ..., and its input)."""
+    <vmid> -- ..., and its input). The call is the module's as Ansible makes it (its interpreter, environment and
+    become), and its input the module's payload, or program where given (plugin_utils _direct's script of the same
+    call)."""
     made = {}
     conn = action._connection
 
     def keep(cmd, in_data):
         made['argv'] = _pct.exec_argv(conn.get_option('pct_executable'), conn.vmid(), conn.container_argv(cmd))
-        made['stdin'] = to_bytes(in_data) if in_data is not None else b''
+        made['stdin'] = to_bytes(program if program is not None else in_data if in_data is not None else b'')
         return 0, _RECORDED, b''
 
     _through(action, _Connection(conn, keep), module, args, task_vars)

@@ -137,6 +137,36 @@ def test_a_command_that_lxc_attach_failed_to_start_is_tried_again(tmp_path, cred
     assert int(count.read_text()) == 2
 
 
+def node_inventory(tmp_path, creds, container, **overrides):
+    """The container (ct, on node 'node') and its node as an SSH host (node)."""
+    inv = inventory(tmp_path, creds, container, gpufleet_node='node', **overrides)
+    hosts = yaml.safe_load(open(inv))
+    hosts['all']['hosts']['node'] = {
+        'ansible_host': creds['ssh_host'], 'ansible_port': creds['ssh_port'], 'ansible_user': 'root',
+        'ansible_ssh_private_key_file': creds['ssh_private_key_file'], 'ansible_python_interpreter': '/usr/bin/python3',
+        'ansible_ssh_common_args': '-o UserKnownHostsFile={0} -o StrictHostKeyChecking=yes'.format(
+            creds['ssh_known_hosts_file'])}
+    with open(inv, 'w') as fh:
+        yaml.safe_dump(hosts, fh)
+    return inv
+
+
+def deferred_build(args):
+    """A play that records ct's venv_build call (defer, in a check run) as built."""
+    return {'name': 'record', 'hosts': 'ct', 'gather_facts': False, 'tasks': [
+        {'gpufleet.proxmox.venv_build': dict(args, defer=True), 'ignore_errors': True,
+         'environment': {'HTTPS_PROXY': 'http://user:SECRET@proxy:3128'}, 'register': 'built'}]}
+
+
+BATCH = {'name': 'the node', 'hosts': 'node', 'gather_facts': False, 'tasks': [
+    {'gpufleet.proxmox.pct_batch': {'hosts': ['ct'], 'var': 'built'}, 'register': 'ran'}]}
+
+
+def take(given):
+    return {'name': 'take', 'hosts': 'ct', 'gather_facts': False, 'tasks': [
+        {'gpufleet.proxmox.pct_batch_result': {'deferred': '{{ built }}', 'batch': given}, 'register': 'built'}]}
+
+
 def test_a_deferred_call_runs_on_its_node_and_each_container_takes_its_result(tmp_path, creds, container):
     """venv_build with defer, in a check run, records its call; pct_batch runs the node's recorded calls with pct
     exec (a pct exec that lxc-attach failed to start is tried again); pct_batch_result gives each container its
@@ -148,27 +178,10 @@ def test_a_deferred_call_runs_on_its_node_and_each_container_takes_its_result(tm
                    'if [ "$n" = 0 ]; then echo "Device or resource busy - Failed to rexec as memfd" >&2; exit 1; fi\n'
                    'exec pct "$@"\n'.format(count))
     pct.chmod(0o755)
-    inv = inventory(tmp_path, creds, container, ansible_pct_executable=str(pct), gpufleet_node='node')
-    hosts = yaml.safe_load(open(inv))
-    hosts['all']['hosts']['node'] = {
-        'ansible_host': creds['ssh_host'], 'ansible_port': creds['ssh_port'], 'ansible_user': 'root',
-        'ansible_ssh_private_key_file': creds['ssh_private_key_file'], 'ansible_python_interpreter': '/usr/bin/python3',
-        'ansible_ssh_common_args': '-o UserKnownHostsFile={0} -o StrictHostKeyChecking=yes'.format(
-            creds['ssh_known_hosts_file'])}
-    with open(inv, 'w') as fh:
-        yaml.safe_dump(hosts, fh)
-    record = {'name': 'record', 'hosts': 'ct', 'gather_facts': False, 'tasks': [
-        {'gpufleet.proxmox.venv_build': {'defer': True, 'rollback': True, 'root': '/tmp/none', 'link': '/tmp/none/l'},
-         'environment': {'HTTPS_PROXY': 'http://user:SECRET@proxy:3128'}, 'register': 'built'}]}
-    batch = {'name': 'the node', 'hosts': 'node', 'gather_facts': False, 'tasks': [
-        {'gpufleet.proxmox.pct_batch': {'hosts': ['ct'], 'var': 'built'}, 'register': 'ran'}]}
-
-    def take(given):
-        return {'name': 'take', 'hosts': 'ct', 'gather_facts': False, 'tasks': [
-            {'gpufleet.proxmox.pct_batch_result': {'deferred': '{{ built }}', 'batch': given}, 'register': 'built'}]}
-
+    inv = node_inventory(tmp_path, creds, container, ansible_pct_executable=str(pct))
+    record = deferred_build({'rollback': True, 'root': '/tmp/none', 'link': '/tmp/none/l'})
     node_batch = "{{ hostvars['node'].ran }}"
-    r = run_playbook([record, batch, take(node_batch)], tmp_path, '--check', inventory=inv)
+    r = run_playbook([record, BATCH, take(node_batch)], tmp_path, '--check', inventory=inv)
     recorded, ran, took = [p['tasks'][0]['hosts'][h] for p, h in zip(r.data['plays'], ('ct', 'node', 'ct'))]
     assert recorded['deferred']['node'] == 'node' and recorded['deferred']['vmid'] == container, recorded
     assert 'argv' not in recorded['deferred'] and 'SECRET' not in json.dumps(r.data)  # the environment stays private
@@ -183,7 +196,7 @@ def test_a_deferred_call_runs_on_its_node_and_each_container_takes_its_result(tm
 
     subprocess.run(['pct', 'stop', str(container)], check=True, capture_output=True)
     for given in (node_batch, {}):  # from the node's run, and run over the container's connection
-        r = run_playbook([record, batch, take(given)], tmp_path, '--check', inventory=inv)
+        r = run_playbook([record, BATCH, take(given)], tmp_path, '--check', inventory=inv)
         took = r.data['plays'][-1]['tasks'][0]['hosts']['ct']
         assert took.get('unreachable') and 'CT {0} on node 127.0.0.1 is not running'.format(container) in took['msg']
     # a result that was not deferred (the call ran in the container) is taken as it is
@@ -192,3 +205,27 @@ def test_a_deferred_call_runs_on_its_node_and_each_container_takes_its_result(tm
     taken = not_deferred.task(0, 'ct')
     assert not taken.get('failed'), taken
     assert (taken['changed'], taken['id'], taken['venv']) == (True, 'abc', '/opt/gpufleet/venvs/abc')
+
+
+def test_a_deferred_venv_read_says_what_the_module_says(tmp_path, creds, container):
+    """The node runs a deferred venv_build's entry point without Ansible's module wrapper, its arguments checked on
+    the controller with the module's spec: a bad argument fails the task that records the call, with the module's
+    own message, and nothing runs; paths are expanded in the container (~ is the container's HOME), as the module
+    expands them; and the result is the module's."""
+    inv = node_inventory(tmp_path, creds, container)
+    for bad, named in (({'audit_mode': 'quick'}, 'audit_mode'), ({'colour': 'blue'}, 'colour'),
+                       ({'rollback': False}, 'lock')):
+        args = dict({'rollback': True, 'root': '/tmp/none', 'link': '/tmp/none/l'}, **bad)
+        r = run_playbook([deferred_build(args), BATCH], tmp_path, '--check', inventory=inv)
+        recorded, ran = r.data['plays'][0]['tasks'][0]['hosts']['ct'], r.data['plays'][1]['tasks'][0]['hosts']['node']
+        plain = run(tmp_path, inv, [{'gpufleet.proxmox.venv_build': args, 'ignore_errors': True}], '--check')
+        direct = plain.task(0, 'ct')
+        assert recorded.get('failed') and 'deferred' not in recorded and ran['runs'] == {}, (recorded, ran)
+        assert direct.get('failed') and recorded['msg'] == direct['msg'] and named in direct['msg'], (recorded, direct)
+    args = {'rollback': True, 'root': '~/none', 'link': '~/none/l'}
+    r = run_playbook([deferred_build(args), BATCH, take("{{ hostvars['node'].ran }}")], tmp_path, '--check',
+                     inventory=inv)
+    took = r.data['plays'][-1]['tasks'][0]['hosts']['ct']
+    plain = run(tmp_path, inv, [{'gpufleet.proxmox.venv_build': args, 'ignore_errors': True}], '--check')
+    assert took.get('failed') and 'there is no previous venv under /root/none' in took['msg'], took
+    assert took['msg'] == plain.task(0, 'ct')['msg']

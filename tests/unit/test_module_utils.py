@@ -551,3 +551,37 @@ def test_venv_build_takes_what_its_profile_gives_unless_the_task_gives_it():
     assert given['meta']['imports'] == ['numpy']
     # without a profile, nothing is added
     assert from_profile({'lock': '/l'}) == {'lock': '/l'}
+
+
+def test_a_direct_program_runs_the_modules_entry_point_as_the_module_does(tmp_path):
+    """plugin_utils _direct: the arguments checked with the module's spec (defaults filled, a bad one named as
+    AnsibleModule names it), the program run with a Python of its own: paths expanded where it runs, the entry
+    point's result printed (rc 1 where it failed), an unexpected error a module failure with its traceback."""
+    import subprocess
+    from ansible_collections.gpufleet.proxmox.plugins.modules.venv_build import ARGUMENT_SPEC, REQUIRED_IF
+    from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _direct
+
+    def check(args):
+        return _direct.validated('gpufleet.proxmox.venv_build', ARGUMENT_SPEC, args, required_if=REQUIRED_IF)
+
+    assert check({'audit_mode': 'quick', 'lock': '/l'})[2] == 'value of audit_mode must be one of: fast, full, got: quick'
+    assert check({'lock': '/l', 'colour': 'x'})[2].startswith(
+        'Unsupported parameters for (gpufleet.proxmox.venv_build) module: colour.')
+    assert 'lock' in check({})[2]
+    params, paths, error = check({'rollback': True, 'root': '$HOME/none', 'link': '~/l',
+                                  'driver': {'node_version': '580.95.05'}})
+    assert error is None and params['keep'] == 2 and params['root'] == '$HOME/none'
+    assert params['driver']['mount'] == '/opt/nvidia-driver' and paths['root'] is True and paths['driver'] == {'mount': True}
+
+    def run(entry, params):
+        ran = subprocess.run([sys.executable, '-'], input=_direct.script(entry, params, paths, check=True),
+                             env={'HOME': str(tmp_path)}, capture_output=True, text=True)
+        return ran.returncode, json.loads(ran.stdout)
+
+    params['driver'] = None
+    rc, result = run('_venv_build:call', params)
+    assert rc == 1 and result['failed'], result
+    assert result['msg'] == 'venv_build: rollback: there is no previous venv under {0}/none to go back to'.format(
+        tmp_path), result
+    rc, result = run('_venv_build:no_such_entry', params)
+    assert rc == 1 and result['msg'].startswith('MODULE FAILURE: AttributeError') and 'Traceback' in result['exception']
