@@ -2,9 +2,9 @@
 
     python bench/scale_bench.py [--sizes 1x5,1x20,3x12] [--runs 1]
 
-For each size (nodes x containers per node), on a lab brought up with that many nodes (8 GPU stand-ins each), a
-fleet of that many containers (the lab's CPU profile; the first 8 of each node with a GPU each) is made with
-site.yml and timed:
+For each size (nodes x containers per node), on a lab emptied of containers and brought up with that many nodes
+(8 GPU stand-ins each), a fleet of that many containers (the lab's CPU profile; the first 8 of each node with a GPU
+each) is made with site.yml and timed:
   - ping: `ansible -m ping` over the containers, each through pct on its own node (touching each host once);
   - first_site: site.yml making the fleet (once);
   - site_noop: site.yml again, nothing to change (it imports torch in every container: its verification);
@@ -95,6 +95,9 @@ def top_tasks(path, count=8):
 
 def measure(lab, nodes, per_node, runs, tmp):
     name = '{0}x{1}'.format(nodes, per_node)
+    # the first site makes the whole fleet: the lab starts without containers (any left by a run before, whatever
+    # their vmids, are destroyed), then has this size's nodes
+    manager.reset(lab, say=lambda msg: None)
     manager.up(lab, say=lambda msg: None, nodes=nodes, gpus=','.join(['8'] * nodes))
     creds = lab.credentials()
     the_fleet = fleet(nodes, per_node)
