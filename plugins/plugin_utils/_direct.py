@@ -7,13 +7,13 @@ calls a node runs for its containers in a check run (plugin_utils _deferred).
 A module's call through Ansible unpacks its payload and imports and compiles ansible.module_utils.basic in the
 target before the module's own work: about 0.15 s of CPU of a venv read's 0.41 s in each container. The read runs the
 same entry point that the module's main() calls (venv_build's _venv_build.call), with the collection's module_utils
-(standard library only) given as source, and prints the result as the module does; the arguments are checked on the
+(standard library only: the entry point's and those it imports) given as source, and prints the result as the module does; the arguments are checked on the
 controller first with the module's own argument spec and its validator (validated), so a bad argument fails the task
 with the module's message before anything runs. Path arguments are expanded in the target, as the module does
 there (~ and $VARS are the target's)."""
 
 
-import glob
+import ast
 import json
 import os
 
@@ -22,10 +22,10 @@ from ansible.module_utils.errors import UnsupportedError
 
 PACKAGE = 'ansible_collections.gpufleet.proxmox.plugins.module_utils'
 MODULE_UTILS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'module_utils')
-_SOURCES = []  # the collection's module_utils as JSON ({name: source}), read once
+_SOURCES = {}  # {module_utils name: its sources and those it imports, as JSON}
 
-# Runs in the target with its system Python (3.6 or newer): SOURCES are the collection's module_utils by name,
-# imported on demand; the entry point's result is printed as a module prints its result (rc 1 where it failed).
+# Runs in the target with its system Python (3.6 or newer): SOURCES are the entry point's module_utils and those it
+# imports, by name, imported on demand; the entry point's result is printed as a module prints its result (rc 1 where it failed).
 _PROGRAM = r'''
 import importlib.abc, importlib.util, json, os, sys, traceback
 SOURCES = json.loads(%(sources)r)
@@ -52,6 +52,8 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def expand(value, paths):
+    if paths is True and isinstance(value, list):
+        return [expand(v, True) for v in value]
     if paths is True:
         return os.path.expanduser(os.path.expandvars(value)) if isinstance(value, str) else value
     if isinstance(value, dict):
@@ -71,14 +73,24 @@ sys.exit(1 if result.get('failed') else 0)
 '''
 
 
-def _sources():
-    if not _SOURCES:
-        sources = {}
-        for path in sorted(glob.glob(os.path.join(MODULE_UTILS, '_*.py'))):
-            with open(path) as fh:
-                sources[PACKAGE + '.' + os.path.basename(path)[:-3]] = fh.read()
-        _SOURCES.append(json.dumps(sources))
-    return _SOURCES[0]
+def _sources(module):
+    """{name: source} of module (a module_utils name of this collection) and the module_utils it imports, itself or
+    through another, read once."""
+    if module not in _SOURCES:
+        found, todo = {}, [module]
+        while todo:
+            name = todo.pop()
+            if name in found:
+                continue
+            with open(os.path.join(MODULE_UTILS, name.rpartition('.')[2] + '.py')) as fh:
+                found[name] = fh.read()
+            for node in ast.walk(ast.parse(found[name])):
+                if isinstance(node, ast.ImportFrom) and node.module == PACKAGE:
+                    todo.extend(PACKAGE + '.' + alias.name for alias in node.names)
+                elif isinstance(node, ast.ImportFrom) and (node.module or '').startswith(PACKAGE + '.'):
+                    todo.append(node.module)
+        _SOURCES[module] = json.dumps(found)
+    return _SOURCES[module]
 
 
 def _unexpanded(spec):
@@ -89,6 +101,8 @@ def _unexpanded(spec):
         option = dict(option)
         if option.get('type') == 'path':
             option['type'], paths[name] = 'str', True
+        elif option.get('elements') == 'path':  # a list of paths
+            option['elements'], paths[name] = 'str', True
         if option.get('options'):
             option['options'], inner = _unexpanded(option['options'])
             if inner:
@@ -114,5 +128,5 @@ def script(entry, params, paths, check):
     """The program (source) that runs entry ('_module:function' of this collection's module_utils) with params
     (validated's, their paths expanded in the target) in check mode where check, and prints its result."""
     module, function = entry.split(':')
-    return _PROGRAM % dict(sources=_sources(), module=PACKAGE + '.' + module, function=function,
+    return _PROGRAM % dict(sources=_sources(PACKAGE + '.' + module), module=PACKAGE + '.' + module, function=function,
                            params=json.dumps(params), paths=json.dumps(paths), check=bool(check))

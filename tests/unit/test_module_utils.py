@@ -583,5 +583,8 @@ def test_a_direct_program_runs_the_modules_entry_point_as_the_module_does(tmp_pa
     assert rc == 1 and result['failed'], result
     assert result['msg'] == 'venv_build: rollback: there is no previous venv under {0}/none to go back to'.format(
         tmp_path), result
+    # a list of paths is expanded where the program runs too
+    lists = _direct._unexpanded({'dirs': {'type': 'list', 'elements': 'path'}})
+    assert lists == ({'dirs': {'type': 'list', 'elements': 'str'}}, {'dirs': True})
     rc, result = run('_venv_build:no_such_entry', params)
     assert rc == 1 and result['msg'].startswith('MODULE FAILURE: AttributeError') and 'Traceback' in result['exception']
