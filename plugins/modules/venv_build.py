@@ -184,6 +184,9 @@ options:
         module pipelined), record the call for the container's node instead of running it; the result is then
         C(deferred). M(gpufleet.proxmox.pct_batch) on the node runs the node's recorded calls in one connection,
         and M(gpufleet.proxmox.pct_batch_result) gives each container its call's result, as if it had run here.
+      - The recorded call runs this module's code without Ansible's module wrapper (a short program that gives the
+        same result, for less of the container's CPU); its arguments are checked on the controller first, with this
+        module's argument spec and messages.
       - Taken by the action plugin; elsewhere (not a check run, another connection) the call runs as usual.
     type: bool
     default: false
