@@ -183,6 +183,7 @@ def test_a_deferred_call_runs_on_its_node_and_each_container_takes_its_result(tm
     node_batch = "{{ hostvars['node'].ran }}"
     r = run_playbook([record, BATCH, take(node_batch)], tmp_path, '--check', inventory=inv)
     recorded, ran, took = [p['tasks'][0]['hosts'][h] for p, h in zip(r.data['plays'], ('ct', 'node', 'ct'))]
+    assert not recorded.get('failed'), recorded  # (the record ignores errors: a bad argument's case needs it)
     assert recorded['deferred']['node'] == 'node' and recorded['deferred']['vmid'] == container, recorded
     assert 'argv' not in recorded['deferred'] and 'SECRET' not in json.dumps(r.data)  # the environment stays private
     assert 'invocation' not in ran  # the calls are not in the node's result either
@@ -225,7 +226,8 @@ def test_a_deferred_venv_read_says_what_the_module_says(tmp_path, creds, contain
     args = {'rollback': True, 'root': '~/none', 'link': '~/none/l'}
     r = run_playbook([deferred_build(args), BATCH, take("{{ hostvars['node'].ran }}")], tmp_path, '--check',
                      inventory=inv)
-    took = r.data['plays'][-1]['tasks'][0]['hosts']['ct']
+    recorded, took = r.data['plays'][0]['tasks'][0]['hosts']['ct'], r.data['plays'][-1]['tasks'][0]['hosts']['ct']
+    assert not recorded.get('failed') and 'deferred' in recorded, recorded
     plain = run(tmp_path, inv, [{'gpufleet.proxmox.venv_build': args, 'ignore_errors': True}], '--check')
     assert took.get('failed') and 'there is no previous venv under /root/none' in took['msg'], took
     assert took['msg'] == plain.task(0, 'ct')['msg']
