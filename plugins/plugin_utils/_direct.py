@@ -16,13 +16,15 @@ there (~ and $VARS are the target's)."""
 import ast
 import json
 import os
+import tempfile
 
+from ansible import constants as C
 from ansible.module_utils.common.arg_spec import ModuleArgumentSpecValidator
 from ansible.module_utils.errors import UnsupportedError
 
 PACKAGE = 'ansible_collections.gpufleet.proxmox.plugins.module_utils'
 MODULE_UTILS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'module_utils')
-_SOURCES = {}  # {module_utils name: its sources and those it imports, as JSON}
+_SOURCES = {}  # {module_utils name: its sources and those it imports, as JSON}, in this process
 
 # Runs in the target with its system Python (3.6 or newer): SOURCES are the entry point's module_utils and those it
 # imports, by name, imported on demand; the entry point's result is printed as a module prints its result (rc 1 where it failed).
@@ -75,22 +77,37 @@ sys.exit(1 if result.get('failed') else 0)
 
 def _sources(module):
     """{name: source} of module (a module_utils name of this collection) and the module_utils it imports, itself or
-    through another, read once."""
+    through another, as JSON: found once a run. Each task of a host runs in its own process, so the first to need it
+    keeps it in the run's private directory on the controller (as Ansible keeps a module's payload) for the others."""
     if module not in _SOURCES:
-        found, todo = {}, [module]
-        while todo:
-            name = todo.pop()
-            if name in found:
-                continue
-            with open(os.path.join(MODULE_UTILS, name.rpartition('.')[2] + '.py')) as fh:
-                found[name] = fh.read()
-            for node in ast.walk(ast.parse(found[name])):
-                if isinstance(node, ast.ImportFrom) and node.module == PACKAGE:
-                    todo.extend(PACKAGE + '.' + alias.name for alias in node.names)
-                elif isinstance(node, ast.ImportFrom) and (node.module or '').startswith(PACKAGE + '.'):
-                    todo.append(node.module)
-        _SOURCES[module] = json.dumps(found)
+        kept = os.path.join(C.DEFAULT_LOCAL_TMP, 'gpufleet-direct-{0}.json'.format(module.rpartition('.')[2]))
+        try:
+            with open(kept) as fh:
+                _SOURCES[module] = fh.read()
+        except (IOError, OSError):
+            _SOURCES[module] = json.dumps(_imported(module))
+            fd, path = tempfile.mkstemp(prefix='.gpufleet-direct-', dir=C.DEFAULT_LOCAL_TMP)
+            with os.fdopen(fd, 'w') as fh:
+                fh.write(_SOURCES[module])
+            os.rename(path, kept)  # whole or not at all for a process that reads it meanwhile
     return _SOURCES[module]
+
+
+def _imported(module):
+    """{name: source} of module and the module_utils of this collection it imports, itself or through another."""
+    found, todo = {}, [module]
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        with open(os.path.join(MODULE_UTILS, name.rpartition('.')[2] + '.py')) as fh:
+            found[name] = fh.read()
+        for node in ast.walk(ast.parse(found[name])):
+            if isinstance(node, ast.ImportFrom) and node.module == PACKAGE:
+                todo.extend(PACKAGE + '.' + alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and (node.module or '').startswith(PACKAGE + '.'):
+                todo.append(node.module)
+    return found
 
 
 def _unexpanded(spec):
