@@ -110,7 +110,9 @@ def measure(lab, nodes, per_node, runs, tmp):
     container_inventory(lab, creds, the_fleet, inventory)
     env = dict(os.environ, PATH=BIN + ':' + os.environ['PATH'], ANSIBLE_CONFIG=os.path.join(ROOT, 'ansible.cfg'),
                GPUFLEET_REPORT_DIR=os.path.join(work, 'reports'), ANSIBLE_FORKS=str(FORKS),
-               ANSIBLE_CALLBACK_PLUGINS=os.path.join(HERE, 'callback_plugins'), ANSIBLE_CALLBACKS_ENABLED='task_times')
+               ANSIBLE_CALLBACK_PLUGINS=os.path.join(HERE, 'callback_plugins'),
+               # this replaces ansible.cfg's list, so it names the collection's callback that the checkout enables too
+               ANSIBLE_CALLBACKS_ENABLED='task_times,gpufleet.proxmox.gc_freeze')
     playbook = [os.path.join(BIN, 'ansible-playbook'), '-i', os.path.join(ROOT, 'inventories', 'lab'), '-e', '@' + extra]
     adhoc = [os.path.join(BIN, 'ansible'), '-i', inventory, 'all']
     out = {'nodes': nodes, 'containers': nodes * per_node}

@@ -1,8 +1,12 @@
 """The CLI's verdict and exit code from ansible-runner's stats and the reports; the scrubber."""
 
+import os
+
 import pytest
 
 from gpufleet.cli import fleet, secrets
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 ROW = {'host': 'train-0', 'node': 'pve1', 'vmid': 200, 'ok': True, 'state': 'verified', 'torch_version': '2.11.0+cu128'}
 FLEET = {'ok': True, 'verified': 1, 'expected': 1, 'verdict': 'verified 1 of 1 container(s)', 'containers': [ROW]}
@@ -140,18 +144,56 @@ def test_node_is_a_limit_to_the_node_and_its_containers():
 
 
 def test_pipelining_is_on_where_no_config_sets_it_and_as_configured_where_one_does(tmp_path, monkeypatch):
-    for name in ('ANSIBLE_CONFIG', 'ANSIBLE_PIPELINING', 'ANSIBLE_HOST_KEY_CHECKING'):
+    for name in ('ANSIBLE_CONFIG', 'ANSIBLE_PIPELINING', 'ANSIBLE_HOST_KEY_CHECKING', 'ANSIBLE_CALLBACKS_ENABLED'):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv('HOME', str(tmp_path))  # no ~/.ansible.cfg
     bare = tmp_path / 'inventories-repo'
     bare.mkdir()
     monkeypatch.chdir(bare)
-    assert fleet.ansible_settings() == {'ANSIBLE_HOST_KEY_CHECKING': 'True', 'ANSIBLE_PIPELINING': 'True'}
-    (bare / 'ansible.cfg').write_text('[defaults]\nhost_key_checking = False\n[connection]\npipelining = False\n')
+    assert fleet.ansible_settings() == {'ANSIBLE_HOST_KEY_CHECKING': 'True', 'ANSIBLE_PIPELINING': 'True',
+                                        'ANSIBLE_CALLBACKS_ENABLED': 'gpufleet.proxmox.gc_freeze'}
+    (bare / 'ansible.cfg').write_text('[defaults]\nhost_key_checking = False\ncallbacks_enabled = gpufleet.proxmox.gc_freeze\n'
+                                      '[connection]\npipelining = False\n')
     assert fleet.ansible_settings() == {'ANSIBLE_HOST_KEY_CHECKING': 'False'}
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv('ANSIBLE_PIPELINING', 'False')
     assert 'ANSIBLE_PIPELINING' not in fleet.ansible_settings()
+
+
+def test_the_cli_adds_the_gc_freeze_callback_to_those_the_operator_enables(tmp_path, monkeypatch):
+    for name in ('ANSIBLE_CONFIG', 'ANSIBLE_CALLBACKS_ENABLED'):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv('HOME', str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / 'ansible.cfg').write_text('[defaults]\ncallbacks_enabled = ansible.posix.profile_tasks, timer\n')
+    assert fleet.ansible_settings()['ANSIBLE_CALLBACKS_ENABLED'] == \
+        'ansible.posix.profile_tasks,timer,gpufleet.proxmox.gc_freeze'
+    monkeypatch.setenv('ANSIBLE_CALLBACKS_ENABLED', 'timer')
+    assert fleet.ansible_settings()['ANSIBLE_CALLBACKS_ENABLED'] == 'timer,gpufleet.proxmox.gc_freeze'
+
+
+def test_the_checkouts_ansible_cfg_enables_the_gc_freeze_callback(monkeypatch):
+    from ansible.config.manager import ConfigManager
+    monkeypatch.delenv('ANSIBLE_CALLBACKS_ENABLED', raising=False)
+    config = ConfigManager(os.path.join(ROOT, 'ansible.cfg'))
+    assert 'gpufleet.proxmox.gc_freeze' in config.get_config_value('CALLBACKS_ENABLED')
+
+
+def test_the_gc_freeze_callback_freezes_the_controllers_objects_at_each_play_and_task():
+    import gc
+    from ansible_collections.gpufleet.proxmox.plugins.callback.gc_freeze import CallbackModule
+    callback = CallbackModule()
+    try:
+        for start, args in ((callback.v2_playbook_on_play_start, ('play',)),
+                            (callback.v2_playbook_on_task_start, ('task', False)),
+                            (callback.v2_playbook_on_handler_task_start, ('handler',))):
+            gc.unfreeze()
+            kept = [[n] for n in range(1000)]  # tracked by the collector
+            assert gc.get_freeze_count() == 0
+            start(*args)
+            assert gc.get_freeze_count() >= len(kept)
+    finally:
+        gc.unfreeze()
 
 
 def test_a_node_finding_shows_its_fix():

@@ -197,16 +197,24 @@ def read_reports(directory):
     return dict((n[:-len('.json')], read_json(os.path.join(directory, n)) or {}) for n in names)
 
 
+GC_FREEZE = 'gpufleet.proxmox.gc_freeze'
+
+
 def ansible_settings():
     """The Ansible settings the CLI hands ansible-runner: host key checking as this directory's ansible.cfg and the
     environment set it ('True' unless they turn it off; ansible-runner turns it off for every run it starts unless
-    told) and, where neither sets pipelining (the collection installed, run outside a checkout), pipelining on, so
-    that each module goes into a container in one round trip through pct, as the checkout's ansible.cfg has it."""
+    told); where neither sets pipelining (the collection installed, run outside a checkout), pipelining on, so
+    that each module goes into a container in one round trip through pct, as the checkout's ansible.cfg has it; and
+    the collection's gc_freeze callback added to the callbacks they enable (it spares each forked worker a walk of
+    the controller's objects), as the checkout's ansible.cfg has it."""
     from ansible.config.manager import ConfigManager
     config = ConfigManager()
     out = {'ANSIBLE_HOST_KEY_CHECKING': str(bool(config.get_config_value('HOST_KEY_CHECKING')))}
     if config.get_config_value_and_origin('ANSIBLE_PIPELINING')[1] == 'default':
         out['ANSIBLE_PIPELINING'] = 'True'
+    enabled = list(config.get_config_value('CALLBACKS_ENABLED') or [])
+    if GC_FREEZE not in enabled:
+        out['ANSIBLE_CALLBACKS_ENABLED'] = ','.join(enabled + [GC_FREEZE])
     return out
 
 
