@@ -298,6 +298,38 @@ def test_gpu_node_remakes_a_missing_uvm_node(tmp_path, lab):
             os.chmod('/dev/nvidia-uvm-tools', 0o666)  # mknod's mode passes through the umask
 
 
+def test_a_node_without_a_loaded_driver_is_refused_before_anything_on_it_is_mended(tmp_path, lab):
+    """A node whose containers ask for GPUs but that has no NVIDIA module loaded fails with the fix, and discovery's
+    other findings (here its device-node script edited by hand and a shared directory with another owner) are left
+    as they are."""
+    node = [{'name': 'node', 'hosts': 'pve_nodes', 'gather_facts': False,
+             'roles': [{'role': 'gpufleet.proxmox.gpu_node', 'gpu_node_driver_bundle': False}]}]
+    assert run_playbook(node, tmp_path).rc == 0  # its boot files written
+    script = lab.path('node', 'usr', 'local', 'sbin', 'gpufleet-nvidia-nodes')
+    cache = lab.path('node', 'var', 'cache', 'gpufleet', 'uv')  # the lab's first gpu_node_shares
+    owner = os.stat(cache)
+    proc = tmp_path / 'proc'  # no driver/nvidia/version: no module loaded
+    proc.mkdir()
+    with open(script, 'a') as fh:
+        fh.write('# edited by hand\n')
+    os.chown(cache, 0, 0)
+    try:
+        node[0]['roles'][0].update(gpu_node_proc_root=str(proc), gpu_node_require_driver=True)
+        r = run_playbook(node, tmp_path)
+        assert r.rc != 0 and r.stats['pve1']['failures'] == 1, r.stdout[-3000:]
+        (refused,) = [t for t in r.tasks('pve1') if t.get('failed')]
+        assert refused['task'].endswith('Refuse a node without a loaded NVIDIA driver'), refused
+        assert 'pve1 has no NVIDIA kernel module loaded' in refused['msg'] and 'modprobe nvidia' in refused['msg']
+        assert r.stats['pve1']['changed'] == 0
+        with open(script) as fh:
+            assert fh.read().endswith('# edited by hand\n')  # not mended: the run stopped first
+        assert os.stat(cache).st_uid == 0
+    finally:
+        os.chown(cache, owner.st_uid, owner.st_gid)
+        del node[0]['roles'][0]['gpu_node_proc_root'], node[0]['roles'][0]['gpu_node_require_driver']
+        assert run_playbook(node, tmp_path).rc == 0  # the script put back
+
+
 def test_gpu_node_writes_its_boot_files_only_where_they_are_wanting(tmp_path, lab):
     """Discovery compares the device-node script, its unit and the link that enables it with what the role writes:
     on a node where they are as they should be no task of boot.yml runs; one changed by hand is a finding
