@@ -35,6 +35,12 @@ def devices_seen(vmid):
     return dict(line.split() for line in out.stdout.splitlines())
 
 
+def node_play(**role_vars):
+    """A play of the gpu_node role alone on the lab's nodes (without the driver bundle), with role_vars."""
+    return {'name': 'node', 'hosts': 'pve_nodes', 'gather_facts': False,
+            'roles': [dict({'role': 'gpufleet.proxmox.gpu_node', 'gpu_node_driver_bundle': False}, **role_vars)]}
+
+
 CONTROL = {'/dev/nvidiactl': 'ENXIO', '/dev/nvidia-uvm': 'ENXIO', '/dev/nvidia-uvm-tools': 'ENXIO',
            '/dev/nvidia-modeset': 'ENXIO'}
 
@@ -189,8 +195,7 @@ BAD = [
 def test_bad_fleets_are_rejected_naming_the_field_with_zero_mutations(tmp_path, control):
     """Each bad definition goes through the real role in a play of its own (one ansible-playbook run
     for all of them, after one gpu_node run); each must be refused before any API change."""
-    plays = [{'name': 'node', 'hosts': 'pve_nodes', 'gather_facts': False,
-              'roles': [{'role': 'gpufleet.proxmox.gpu_node', 'gpu_node_driver_bundle': False}]}]
+    plays = [node_play()]
     for name, fleet, _ in BAD:
         plays.append({'name': name, 'hosts': 'pve_nodes', 'gather_facts': False,
                       'vars': {'gpu_container_fleet': fleet},
@@ -286,8 +291,7 @@ def test_gpu_node_remakes_a_missing_uvm_node(tmp_path, lab):
     uvm = lab.record()['gpus']['uvm_major']
     os.unlink('/dev/nvidia-uvm-tools')
     try:
-        r = run_playbook([{'name': 'node', 'hosts': 'pve_nodes', 'gather_facts': False,
-                           'roles': [{'role': 'gpufleet.proxmox.gpu_node', 'gpu_node_driver_bundle': False}]}], tmp_path)
+        r = run_playbook([node_play()], tmp_path)
         assert r.rc == 0, r.stdout[-3000:]
         st = os.stat('/dev/nvidia-uvm-tools')
         assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (uvm, 1)
@@ -302,9 +306,7 @@ def test_a_node_without_a_loaded_driver_is_refused_before_anything_on_it_is_mend
     """A node whose containers ask for GPUs but that has no NVIDIA module loaded fails with the fix, and discovery's
     other findings (here its device-node script edited by hand and a shared directory with another owner) are left
     as they are."""
-    node = [{'name': 'node', 'hosts': 'pve_nodes', 'gather_facts': False,
-             'roles': [{'role': 'gpufleet.proxmox.gpu_node', 'gpu_node_driver_bundle': False}]}]
-    assert run_playbook(node, tmp_path).rc == 0  # its boot files written
+    assert run_playbook([node_play()], tmp_path).rc == 0  # its boot files written
     script = lab.path('node', 'usr', 'local', 'sbin', 'gpufleet-nvidia-nodes')
     cache = lab.path('node', 'var', 'cache', 'gpufleet', 'uv')  # the lab's first gpu_node_shares
     owner = os.stat(cache)
@@ -314,8 +316,7 @@ def test_a_node_without_a_loaded_driver_is_refused_before_anything_on_it_is_mend
         fh.write('# edited by hand\n')
     os.chown(cache, 0, 0)
     try:
-        node[0]['roles'][0].update(gpu_node_proc_root=str(proc), gpu_node_require_driver=True)
-        r = run_playbook(node, tmp_path)
+        r = run_playbook([node_play(gpu_node_proc_root=str(proc), gpu_node_require_driver=True)], tmp_path)
         assert r.rc != 0 and r.stats['pve1']['failures'] == 1, r.stdout[-3000:]
         (refused,) = [t for t in r.tasks('pve1') if t.get('failed')]
         assert refused['task'].endswith('Refuse a node without a loaded NVIDIA driver'), refused
@@ -326,16 +327,14 @@ def test_a_node_without_a_loaded_driver_is_refused_before_anything_on_it_is_mend
         assert os.stat(cache).st_uid == 0
     finally:
         os.chown(cache, owner.st_uid, owner.st_gid)
-        del node[0]['roles'][0]['gpu_node_proc_root'], node[0]['roles'][0]['gpu_node_require_driver']
-        assert run_playbook(node, tmp_path).rc == 0  # the script put back
+        assert run_playbook([node_play()], tmp_path).rc == 0  # the script put back
 
 
 def test_gpu_node_writes_its_boot_files_only_where_they_are_wanting(tmp_path, lab):
     """Discovery compares the device-node script, its unit and the link that enables it with what the role writes:
     on a node where they are as they should be no task of boot.yml runs; one changed by hand is a finding
     (file_stale) in check mode, and a plain run puts it back."""
-    node = [{'name': 'node', 'hosts': 'pve_nodes', 'gather_facts': False,
-             'roles': [{'role': 'gpufleet.proxmox.gpu_node', 'gpu_node_driver_bundle': False}]}]
+    node = [node_play()]
     first = run_playbook(node, tmp_path)
     assert first.rc == 0, first.stdout[-3000:]
     boot_tasks = ('Put the script that makes the NVIDIA device nodes on the node', 'Put its boot unit on the node')
