@@ -4,8 +4,9 @@
 """Module calls deferred to the container's node, so that a node runs all its containers' calls in one connection.
 
 A module task of a container reached with the pct connection is made as Ansible makes it (ActionBase's
-_execute_module: the module's payload with its arguments, the command line, the environment), up to the point where
-the command would run: there the command is recorded instead (record). The container's node runs the recorded
+_execute_module: the command line with the module's interpreter, the environment, become), up to the point where the
+command would run: there the command is recorded instead, its input the call as a plugin_utils _direct program
+(record). The container's node runs the recorded
 commands with pct exec, a few at a time, in one call (the pct_batch action and module). Each container then takes its
 command's exit code and output through the same _execute_module, answered from the node's run instead of running
 (replay): the result is parsed, and a container that could not be reached fails, exactly as they would have been.
@@ -19,39 +20,14 @@ import os
 import tempfile
 
 from ansible import constants as C
-from ansible.errors import AnsibleError
 from ansible.module_utils.common.text.converters import to_bytes, to_text
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pct
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _direct
 
 TRANSPORT = 'gpufleet.proxmox.pct'
 # What the recorded call answers (the deferral itself is the task's result).
 _RECORDED = b'{"changed": false}'
-
-
-class _Connection(object):
-    """The task's own connection, except that a command is answered, not run."""
-
-    def __init__(self, real, answer):
-        self._real, self._answer = real, answer
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-    def exec_command(self, cmd, in_data=None, sudoable=True):
-        return self._answer(cmd, in_data)
-
-    def put_file(self, in_path, out_path):
-        raise AnsibleError('a deferred module call cannot copy files: it needs pipelining')
-
-
-def _through(action, connection, module, args, task_vars):
-    real = action._connection
-    action._connection = connection
-    try:
-        return action._execute_module(module_name=module, module_args=dict(args), task_vars=task_vars)
-    finally:
-        action._connection = real
 
 
 def can_defer(action):
@@ -62,21 +38,20 @@ def can_defer(action):
             and conn.is_pipelining_enabled(False) and not action._task.async_val)
 
 
-def record(action, module, args, task_vars, program=None):
+def record(action, module, args, task_vars, program):
     """The deferral of module(args) in this task's container: the node it runs on (the container's gpufleet_node),
     its vmid, and a private file on the controller holding the call (call_of: the node's argv that runs it, pct exec
     <vmid> -- ..., and its input). The call is the module's as Ansible makes it (its interpreter, environment and
-    become), and its input the module's payload, or program where given (plugin_utils _direct's script of the same
-    call)."""
+    become), and its input program (plugin_utils _direct's script of the same call)."""
     made = {}
     conn = action._connection
 
-    def keep(cmd, in_data):
+    def keep(cmd, in_data, sudoable):
         made['argv'] = _pct.exec_argv(conn.get_option('pct_executable'), conn.vmid(), conn.container_argv(cmd))
-        made['stdin'] = to_bytes(program if program is not None else in_data if in_data is not None else b'')
+        made['stdin'] = to_bytes(program)
         return 0, _RECORDED, b''
 
-    _through(action, _Connection(conn, keep), module, args, task_vars)
+    _direct.through(action, keep, module, args, task_vars)
     # the command line carries the task's environment (a proxy's credentials, say): it stays in a private file on
     # the controller, out of the task's result
     fd, path = tempfile.mkstemp(prefix='gpufleet-deferred-', dir=C.DEFAULT_LOCAL_TMP)
@@ -101,9 +76,9 @@ def replay(action, deferral, ran, task_vars):
         return action._execute_module(module_name=deferral['module'], module_args=dict(deferral['args']),
                                       task_vars=task_vars)
 
-    def answer(cmd, in_data):
+    def answer(cmd, in_data, sudoable):
         out, err = to_bytes(ran.get('stdout') or ''), to_bytes(ran.get('stderr') or '')
         action._connection.check(ran['rc'], err)
         return ran['rc'], out, err
 
-    return _through(action, _Connection(action._connection, answer), deferral['module'], deferral['args'], task_vars)
+    return _direct.through(action, answer, deferral['module'], deferral['args'], task_vars)

@@ -1,30 +1,38 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.proxmox contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""A module's call as a short Python program that runs its module_utils entry point directly (script), for the
-calls a node runs for its containers in a check run (plugin_utils _deferred).
+"""A module's call as a short Python program that runs its module_utils entry point directly (script): the calls a
+node runs for its containers in a check run (plugin_utils _deferred), and the node modules whose action runs them so
+(execute: pct_batch, gpu_devices).
 
-A module's call through Ansible unpacks its payload and imports and compiles ansible.module_utils.basic in the
-target before the module's own work: about 0.15 s of CPU of a venv read's 0.41 s in each container. The read runs the
-same entry point that the module's main() calls (venv_build's _venv_build.call), with the collection's module_utils
-(standard library only: the entry point's and those it imports) given as source, and prints the result as the module does; the arguments are checked on the
-controller first with the module's own argument spec and its validator (validated), so a bad argument fails the task
-with the module's message before anything runs. Path arguments are expanded in the target, as the module does
-there (~ and $VARS are the target's)."""
+A module's call through Ansible makes its AnsiballZ payload on the controller, then unpacks it and imports and
+compiles ansible.module_utils.basic in the target before the module's own work: about 0.15 s of CPU of a venv read's
+0.41 s in each container. The program runs the same entry point that the module's main() calls (venv_build's
+_venv_build.call, say), with the collection's module_utils (standard library only: the entry point's and those it
+imports) given as source, and prints the result as the module does; the arguments are checked on the controller
+first with the module's own argument spec and its validator (validated), so a bad argument fails the task with the
+module's message before anything runs. Path arguments are expanded in the target, as the module does there (~ and
+$VARS are the target's). The command line is the module's own, made by Ansible with a stand-in for the module
+(through)."""
 
 
-import ast
 import json
 import os
+import re
 import tempfile
 
+import ansible.plugins.action as action_plugins
 from ansible import constants as C
+from ansible.errors import AnsibleError
 from ansible.module_utils.common.arg_spec import ModuleArgumentSpecValidator
+from ansible.module_utils.common.text.converters import to_bytes
 from ansible.module_utils.errors import UnsupportedError
 
 PACKAGE = 'ansible_collections.gpufleet.proxmox.plugins.module_utils'
 MODULE_UTILS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'module_utils')
 _SOURCES = {}  # {module_utils name: its sources and those it imports, as JSON}, in this process
+# a line that imports from this collection's module_utils: the module named after the package, or the names imported
+_IMPORT = re.compile(r'^[ \t]*from[ \t]+' + re.escape(PACKAGE) + r'(?:\.(\w+))?[ \t]+import[ \t]+(\([^)]*\)|[^\n#]*)', re.M)
 
 # Runs in the target with its system Python (3.6 or newer): SOURCES are the entry point's module_utils and those it
 # imports, by name, imported on demand; the entry point's result is printed as a module prints its result (rc 1 where it failed).
@@ -58,6 +66,8 @@ def expand(value, paths):
         return [expand(v, True) for v in value]
     if paths is True:
         return os.path.expanduser(os.path.expandvars(value)) if isinstance(value, str) else value
+    if isinstance(value, list):  # a list of dicts with path options
+        return [expand(v, paths) for v in value]
     if isinstance(value, dict):
         return dict((k, expand(v, paths[k]) if k in paths else v) for k, v in value.items())
     return value
@@ -77,24 +87,16 @@ sys.exit(1 if result.get('failed') else 0)
 
 def _sources(module):
     """{name: source} of module (a module_utils name of this collection) and the module_utils it imports, itself or
-    through another, as JSON: found once a run. Each task of a host runs in its own process, so the first to need it
-    keeps it in the run's private directory on the controller (as Ansible keeps a module's payload) for the others."""
+    through another, as JSON (once a process)."""
     if module not in _SOURCES:
-        kept = os.path.join(C.DEFAULT_LOCAL_TMP, 'gpufleet-direct-{0}.json'.format(module.rpartition('.')[2]))
-        try:
-            with open(kept) as fh:
-                _SOURCES[module] = fh.read()
-        except (IOError, OSError):
-            _SOURCES[module] = json.dumps(_imported(module))
-            fd, path = tempfile.mkstemp(prefix='.gpufleet-direct-', dir=C.DEFAULT_LOCAL_TMP)
-            with os.fdopen(fd, 'w') as fh:
-                fh.write(_SOURCES[module])
-            os.rename(path, kept)  # whole or not at all for a process that reads it meanwhile
+        _SOURCES[module] = json.dumps(_imported(module))
     return _SOURCES[module]
 
 
 def _imported(module):
-    """{name: source} of module and the module_utils of this collection it imports, itself or through another."""
+    """{name: source} of module and the module_utils of this collection it imports, itself or through another: the
+    names its `from <PACKAGE> import a, b` and `from <PACKAGE>.a import x` lines give (read as text, not parsed: a
+    few milliseconds where parsing the sources took a tenth of a second in every task's process)."""
     found, todo = {}, [module]
     while todo:
         name = todo.pop()
@@ -102,11 +104,13 @@ def _imported(module):
             continue
         with open(os.path.join(MODULE_UTILS, name.rpartition('.')[2] + '.py')) as fh:
             found[name] = fh.read()
-        for node in ast.walk(ast.parse(found[name])):
-            if isinstance(node, ast.ImportFrom) and node.module == PACKAGE:
-                todo.extend(PACKAGE + '.' + alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and (node.module or '').startswith(PACKAGE + '.'):
-                todo.append(node.module)
+        for inner, names in _IMPORT.findall(found[name]):
+            if inner:
+                todo.append(PACKAGE + '.' + inner)
+                continue
+            for alias in names.strip('()').replace('\\', ' ').split(','):
+                if alias.strip():
+                    todo.append(PACKAGE + '.' + alias.split()[0])
     return found
 
 
@@ -147,3 +151,71 @@ def script(entry, params, paths, check):
     module, function = entry.split(':')
     return _PROGRAM % dict(sources=_sources(PACKAGE + '.' + module), module=PACKAGE + '.' + module, function=function,
                            params=json.dumps(params), paths=json.dumps(paths), check=bool(check))
+
+
+# In a module's place while its call is made (its payload is not sent: the program is, or the command is answered
+# from elsewhere): a module of the JSON-arguments kind, whose payload Ansible makes by writing the arguments into it,
+# with a Python module's interpreter line. The command line comes out as the module's own (its interpreter as Ansible
+# finds it, the task's environment, become), without making the module's AnsiballZ payload (a fifth of a second of
+# the controller's CPU for each module a run calls, and the other hosts' tasks waiting on its lock meanwhile).
+_STAND_IN = b'#!/usr/bin/python\n# <<INCLUDE_ANSIBLE_MODULE_JSON_ARGS>>\n'
+
+
+class _Answered(object):
+    """A task's connection whose commands answer(cmd, in_data, sudoable) answers."""
+
+    def __init__(self, real, answer):
+        self._real, self._answer = real, answer
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def exec_command(self, cmd, in_data=None, sudoable=True):
+        return self._answer(cmd, in_data, sudoable)
+
+    def put_file(self, in_path, out_path):
+        raise AnsibleError('a module call made as a program cannot copy files: it needs pipelining')
+
+
+def _stand_in():
+    path = os.path.join(C.DEFAULT_LOCAL_TMP, 'gpufleet-direct-module')
+    if not os.path.exists(path):
+        fd, made = tempfile.mkstemp(prefix='.gpufleet-direct-', dir=C.DEFAULT_LOCAL_TMP)
+        with os.fdopen(fd, 'wb') as fh:
+            fh.write(_STAND_IN)
+        os.rename(made, path)  # whole or not at all for a process that reads it meanwhile
+    return path
+
+
+def through(action, answer, module, args, task_vars):
+    """action's _execute_module of module(args), its payload the stand-in's, its command (with input) answered by
+    answer(cmd, in_data, sudoable) -> (rc, stdout, stderr); the result parsed as Ansible parses a module's."""
+    real, make, path = action._connection, action_plugins.modify_module, _stand_in()
+
+    def stand_in(*given, **kwargs):
+        if 'module_path' in kwargs:
+            kwargs['module_path'] = path
+        else:  # ansible-core 2.18 gives it second
+            given = given[:1] + (path,) + given[2:]
+        return make(*given, **kwargs)
+
+    action._connection, action_plugins.modify_module = _Answered(real, answer), stand_in
+    try:
+        return action._execute_module(module_name=module, module_args=dict(args), task_vars=task_vars)
+    finally:
+        action._connection, action_plugins.modify_module = real, make
+
+
+def execute(action, module, entry, spec, args, task_vars, **constraints):
+    """module(args) run over the task's connection as the program of its entry point (script), its arguments checked
+    first with spec (the module's argument spec, and constraints: validated); the result parsed as the module's. Where
+    the task's connection does not pipeline modules, the module itself runs."""
+    if not action._is_pipelining_enabled('new'):
+        return action._execute_module(module_name=module, module_args=dict(args), task_vars=task_vars)
+    params, paths, error = validated(module, spec, args, **constraints)
+    if error:
+        return {'failed': True, 'msg': error}
+    program = to_bytes(script(entry, params, paths, action._task.check_mode))
+    real = action._connection
+    return through(action, lambda cmd, in_data, sudoable: real.exec_command(cmd, in_data=program, sudoable=sudoable),
+                   module, args, task_vars)

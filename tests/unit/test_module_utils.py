@@ -588,3 +588,34 @@ def test_a_direct_program_runs_the_modules_entry_point_as_the_module_does(tmp_pa
     assert lists == ({'dirs': {'type': 'list', 'elements': 'str'}}, {'dirs': True})
     rc, result = run('_venv_build:no_such_entry', params)
     assert rc == 1 and result['msg'].startswith('MODULE FAILURE: AttributeError') and 'Traceback' in result['exception']
+
+
+def test_a_direct_program_carries_every_module_util_its_entry_point_imports():
+    """plugin_utils _direct reads the imports of this collection's module_utils as text: for each of them, the same
+    names as Python's parser finds (import lines anywhere, `from PACKAGE import a, b`, `from PACKAGE.a import (x,
+    y)` over lines), so a program never lacks a module it imports."""
+    import ast
+    import glob
+    from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _direct
+
+    def parsed(name, found):
+        if name not in found:
+            with open(os.path.join(_direct.MODULE_UTILS, name.rpartition('.')[2] + '.py')) as fh:
+                found[name] = tree = ast.parse(fh.read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module == _direct.PACKAGE:
+                    for alias in node.names:
+                        parsed(_direct.PACKAGE + '.' + alias.name, found)
+                elif isinstance(node, ast.ImportFrom) and (node.module or '').startswith(_direct.PACKAGE + '.'):
+                    parsed(node.module, found)
+        return found
+
+    names = sorted(os.path.basename(f)[:-3] for f in glob.glob(os.path.join(_direct.MODULE_UTILS, '_*.py')))
+    assert '_venv_build' in names
+    for name in names:
+        module = _direct.PACKAGE + '.' + name
+        assert sorted(_direct._imported(module)) == sorted(parsed(module, {})), name
+    assert len(_direct._imported(_direct.PACKAGE + '._venv_build')) > 3
+    text = 'x = 1\n    from {0} import (_a as b,\n        _c)  # two\nfrom {0}._d import e\n'.format(_direct.PACKAGE)
+    assert [(inner, ' '.join(names.split())) for inner, names in _direct._IMPORT.findall(text)] == [
+        ('', '(_a as b, _c)'), ('_d', 'e')]
