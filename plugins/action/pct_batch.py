@@ -2,12 +2,14 @@
 # Copyright: gpufleet.proxmox contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Action for gpufleet.proxmox.pct_batch: on the controller, the calls recorded for this node (plugin_utils
-_deferred) are gathered from the containers' variable; the module runs them on the node in one call."""
+_deferred) are gathered from the containers' variable; the module's work (module_utils _pct's run_calls) runs them on
+the node in one call, as a plugin_utils _direct program."""
 
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _deferred
+from ansible_collections.gpufleet.proxmox.plugins.modules.pct_batch import ARGUMENT_SPEC
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _deferred, _direct
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils._action import host_var
 
 
@@ -29,7 +31,8 @@ class ActionModule(ActionBase):
         if not calls:
             return dict(result, changed=False, runs={})
         args['calls'] = calls
-        result.update(self._execute_module(module_args=args, task_vars=task_vars))
+        result.update(_direct.execute(self, self._task.resolved_action or self._task.action, '_pct:run_calls',
+                                      ARGUMENT_SPEC, args, task_vars))
         # the calls' command lines carry their tasks' environment: not in the result (nor its logs)
         result.pop('invocation', None)
         result['changed'] = False

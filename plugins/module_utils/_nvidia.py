@@ -13,6 +13,7 @@ import shutil
 import stat
 import subprocess
 
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _nvidia_kernel
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import read_text, replace_link, write_text
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._nvidia_devices import (
     CONTROL_NODES, UVM_NODES, char_majors, gpu_indexes, node_info)
@@ -409,3 +410,21 @@ def driver_step(node_version, mode='bind', mount=None, require_match=False, chec
             return result, True
         result['changed'] = True
     return result, False
+
+
+def discover_node(params, check=False):
+    """The gpu_devices module's work (params: its options, the bundle checked): {changed, ansible_facts:
+    {gpufleet_gpu_devices}} - discover's facts, and where a driver is loaded the boot files that are not as given,
+    the kernels' state and the installed driver versions with their findings. Reads only."""
+    p = params
+    facts = discover(p['dev_dir'], p['proc_root'], find_program('nvidia-smi', p['nvidia_smi']),
+                     find_program('nvidia-persistenced'),
+                     [{'path': share['path'], 'owner': None if share['read_only'] else p['shares_owner'],
+                       'mode': p['shares_mode']} for share in p['shares']], p['bundle'], p['driver_optional'])
+    if facts['driver_version'] is not None:
+        facts['findings'].extend(_files.stale(p['boot_files']))
+        facts['kernels'] = _nvidia_kernel.state(p['proc_root'], p['root'])
+        facts['installed_versions'] = installed_versions((p['bundle'] or {}).get('lib_dirs') or [])
+        facts['findings'].extend(_nvidia_kernel.findings(facts['kernels'], facts['driver_version'],
+                                                         facts['installed_versions'], p['driver_hold']))
+    return {'changed': False, 'ansible_facts': {'gpufleet_gpu_devices': facts}}

@@ -165,45 +165,42 @@ ansible_facts:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _nvidia, _nvidia_kernel
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia
+
+ARGUMENT_SPEC = dict(dev_dir=dict(type='path', default='/dev'),
+                     proc_root=dict(type='path', default='/proc'),
+                     nvidia_smi=dict(type='path'),
+                     shares=dict(type='list', elements='dict', default=[], options=dict(
+                         path=dict(type='path', required=True), mp=dict(type='str'),
+                         read_only=dict(type='bool', default=False))),
+                     shares_owner=dict(type='int'),
+                     shares_mode=dict(type='str', default='0755'),
+                     bundle=dict(type='dict'),
+                     boot_files=dict(type='list', elements='dict', default=[], options=dict(
+                         path=dict(type='path', required=True), content=dict(type='str'),
+                         mode=dict(type='str'), src=dict(type='str'))),
+                     root=dict(type='path', default='/'),
+                     driver_hold=dict(type='bool', default=False),
+                     driver_optional=dict(type='bool', default=False))
+
+
+def checked_bundle(params):
+    """(params with bundle, where given as a dict, checked against the driver bundle's spec and its defaults filled
+    in, None), or (None, the message that names what is wrong)."""
+    if not isinstance(params.get('bundle'), dict):
+        return params, None
+    checked = ArgumentSpecValidator(_nvidia.BUNDLE_SPEC).validate(params['bundle'])
+    if checked.error_messages:
+        return None, 'bundle: {0}'.format('; '.join(checked.error_messages))
+    return dict(params, bundle=checked.validated_parameters), None
 
 
 def main():
-    module = AnsibleModule(argument_spec=dict(dev_dir=dict(type='path', default='/dev'),
-                                              proc_root=dict(type='path', default='/proc'),
-                                              nvidia_smi=dict(type='path'),
-                                              shares=dict(type='list', elements='dict', default=[], options=dict(
-                                                  path=dict(type='path', required=True), mp=dict(type='str'),
-                                                  read_only=dict(type='bool', default=False))),
-                                              shares_owner=dict(type='int'),
-                                              shares_mode=dict(type='str', default='0755'),
-                                              bundle=dict(type='dict'),
-                                              boot_files=dict(type='list', elements='dict', default=[], options=dict(
-                                                  path=dict(type='path', required=True), content=dict(type='str'),
-                                                  mode=dict(type='str'), src=dict(type='str'))),
-                                              root=dict(type='path', default='/'),
-                                              driver_hold=dict(type='bool', default=False),
-                                              driver_optional=dict(type='bool', default=False)),
-                           supports_check_mode=True)
-    p = module.params
-    if p['bundle'] is not None:
-        checked = ArgumentSpecValidator(_nvidia.BUNDLE_SPEC).validate(p['bundle'])
-        if checked.error_messages:
-            module.fail_json(msg='bundle: {0}'.format('; '.join(checked.error_messages)))
-        p['bundle'] = checked.validated_parameters
-    facts = _nvidia.discover(p['dev_dir'], p['proc_root'], _nvidia.find_program('nvidia-smi', p['nvidia_smi']),
-                             _nvidia.find_program('nvidia-persistenced'),
-                             [{'path': share['path'], 'owner': None if share['read_only'] else p['shares_owner'],
-                               'mode': p['shares_mode']} for share in p['shares']], p['bundle'],
-                             p['driver_optional'])
-    if facts['driver_version'] is not None:
-        facts['findings'].extend(_files.stale(p['boot_files']))
-        facts['kernels'] = _nvidia_kernel.state(p['proc_root'], p['root'])
-        facts['installed_versions'] = _nvidia.installed_versions((p['bundle'] or {}).get('lib_dirs') or [])
-        installed = facts['installed_versions']
-        facts['findings'].extend(_nvidia_kernel.findings(facts['kernels'], facts['driver_version'], installed,
-                                                         p['driver_hold']))
-    module.exit_json(changed=False, ansible_facts={'gpufleet_gpu_devices': facts})
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params, error = checked_bundle(module.params)
+    if error:
+        module.fail_json(msg=error)
+    module.exit_json(**_nvidia.discover_node(params, module.check_mode))
 
 
 if __name__ == '__main__':

@@ -77,43 +77,21 @@ runs:
   type: dict
 '''
 
-import random
-import subprocess
-import time
-from concurrent.futures import ThreadPoolExecutor
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.converters import to_bytes, to_text
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pct
 
-
-def run_one(call, retries):
-    for attempt in range(retries + 1):
-        proc = subprocess.run(call['argv'], input=to_bytes(call['stdin']), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, check=False)
-        said = to_text(proc.stderr, errors='replace')
-        if not _pct.not_started(proc.returncode, proc.stdout, said) or attempt == retries:
-            break
-        time.sleep(_pct.retry_pause(attempt, random.random()))
-    return {'rc': proc.returncode, 'stdout': to_text(proc.stdout, errors='surrogate_or_replace'), 'stderr': said}
+ARGUMENT_SPEC = dict(hosts=dict(type='list', elements='str', default=[]), var=dict(type='str', required=True),
+                     forks=dict(type='int', default=8), retries=dict(type='int', default=6),
+                     calls=dict(type='list', elements='dict', default=[]))
 
 
 def main():
-    module = AnsibleModule(argument_spec=dict(
-        hosts=dict(type='list', elements='str', default=[]), var=dict(type='str', required=True),
-        forks=dict(type='int', default=8), retries=dict(type='int', default=6),
-        calls=dict(type='list', elements='dict', default=[])), supports_check_mode=True)
-    calls, retries = module.params['calls'], max(0, module.params['retries'])
-    for i, call in enumerate(calls):
-        if not isinstance(call.get('argv'), list) or not call.get('host'):
-            module.fail_json(msg='pct_batch: calls[{0}] needs host and argv'.format(i))
-    try:
-        with ThreadPoolExecutor(max_workers=max(1, module.params['forks'])) as pool:
-            done = list(pool.map(lambda call: run_one(call, retries), calls))
-    except OSError as e:
-        module.fail_json(msg='pct_batch: cannot run pct exec: {0}'.format(e))
-    module.exit_json(changed=False, runs=dict((call['host'], ran) for call, ran in zip(calls, done)))
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    result = _pct.run_calls(module.params, module.check_mode)
+    if result.get('failed'):
+        module.fail_json(**result)
+    module.exit_json(**result)
 
 
 if __name__ == '__main__':
