@@ -42,6 +42,27 @@ def test_the_lab_nodes_gpus(play, lab):
     assert all(p['held'] for p in kernels['packages'].values()) and 'libcuda1' in kernels['packages']
 
 
+def test_the_program_and_the_module_discover_alike(play):
+    """gpu_devices runs on the node as a program of its entry point where the connection pipelines (its action), and
+    as the module itself where it does not: both find the same, ~ in a share's or a boot file's path is the node's
+    home, and a bad driver bundle is refused by name before anything runs."""
+    args = {'proc_root': '{{ gpufleet_lab.proc_root }}', 'root': '{{ gpu_node_root }}',
+            'nvidia_smi': '{{ gpufleet_lab_dir }}/driver/bin/nvidia-smi', 'shares': [{'path': '~/gpufleet-no-share'}],
+            'boot_files': [{'path': '~/gpufleet-no-boot-file', 'content': 'x', 'mode': '0644'}]}
+    r = play([{'gpufleet.proxmox.gpu_devices': args},
+              {'gpufleet.proxmox.gpu_devices': args, 'vars': {'ansible_pipelining': False}},
+              {'gpufleet.proxmox.gpu_devices': dict(args, bundle={'dest': 5, 'colour': 'red'}), 'ignore_errors': True}],
+             hosts='pve1')
+    program, module, bad = (r.task(i, 'pve1') for i in range(3))
+    assert not program.get('failed') and not module.get('failed'), (program, module)
+    assert 'invocation' in module and 'invocation' not in program  # AnsibleModule's own, the program's not
+    assert program['ansible_facts'] == module['ansible_facts']
+    found = program['ansible_facts']['gpufleet_gpu_devices']['findings']
+    assert ('share_missing', '/root/gpufleet-no-share') in [(f['code'], f.get('path')) for f in found], found
+    assert any('/root/gpufleet-no-boot-file' in f['msg'] for f in found), found
+    assert bad['failed'] and bad['msg'].startswith('bundle: ') and 'colour' in bad['msg'], bad
+
+
 def make_node(tmp_path, dev=(), devices=None, version=True):
     """A node's /dev and /proc in a directory: dev = [(name, major, minor)]."""
     d = tmp_path / 'dev'

@@ -619,3 +619,35 @@ def test_a_direct_program_carries_every_module_util_its_entry_point_imports():
     text = 'x = 1\n    from {0} import (_a as b,\n        _c)  # two\nfrom {0}._d import e\n'.format(_direct.PACKAGE)
     assert [(inner, ' '.join(names.split())) for inner, names in _direct._IMPORT.findall(text)] == [
         ('', '(_a as b, _c)'), ('_d', 'e')]
+
+
+def test_a_nodes_batch_of_pct_exec_calls():
+    """module_utils _pct.run_calls (pct_batch's work on the node): each call's exit code and output by host, a pct exec
+    that lxc-attach failed to start run again (and no more than retries times), a call without argv refused by its
+    index, a pct that cannot run said so."""
+    import subprocess
+    from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pct
+    tries, pauses = {}, []
+
+    def run(argv, input=None, **kwargs):
+        host = argv[2]
+        tries[host] = tries.get(host, 0) + 1
+        if host == 'busy' and tries[host] < 3 or host == 'stuck':
+            return subprocess.CompletedProcess(argv, 1, b'', b'lxc-attach: Failed to rexec as memfd')
+        return subprocess.CompletedProcess(argv, 0 if host != 'bad' else 2, input.upper(), b'said')
+
+    calls = [{'host': h, 'argv': ['pct', 'exec', h], 'stdin': 'x\u00e9'} for h in ('ok', 'busy', 'bad', 'stuck')]
+    done = _pct.run_calls({'calls': calls, 'forks': 2, 'retries': 3}, run=run, pause=pauses.append)
+    runs = done['runs']
+    assert runs['ok'] == {'rc': 0, 'stdout': 'X\u00e9', 'stderr': 'said'} and tries['ok'] == 1
+    assert runs['busy']['rc'] == 0 and tries['busy'] == 3
+    assert runs['bad'] == {'rc': 2, 'stdout': 'X\u00e9', 'stderr': 'said'} and tries['bad'] == 1  # its command ran
+    assert runs['stuck']['rc'] == 1 and 'rexec' in runs['stuck']['stderr'] and tries['stuck'] == 4
+    assert len(pauses) == 2 + 3 and all(0 < p <= 12 for p in pauses)
+    assert _pct.run_calls({'calls': [{'host': 'a', 'argv': 'pct exec'}]}) == {
+        'failed': True, 'msg': 'pct_batch: calls[0] needs host and argv'}
+
+    def missing(argv, **kwargs):
+        raise OSError(2, 'No such file or directory')
+    failed = _pct.run_calls({'calls': calls[:1]}, run=missing)
+    assert failed['failed'] and failed['msg'].startswith('pct_batch: cannot run pct exec:')
