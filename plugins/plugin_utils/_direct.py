@@ -157,12 +157,16 @@ def script(entry, params, paths, check):
 # from elsewhere): a module of the JSON-arguments kind, whose payload Ansible makes by writing the arguments into it,
 # with a Python module's interpreter line. The command line comes out as the module's own (its interpreter as Ansible
 # finds it, the task's environment, become), without making the module's AnsiballZ payload (a fifth of a second of
-# the controller's CPU for each module a run calls, and the other hosts' tasks waiting on its lock meanwhile).
-_STAND_IN = b'#!/usr/bin/python\n# <<INCLUDE_ANSIBLE_MODULE_JSON_ARGS>>\n'
+# the controller's CPU for each module a run calls, and the other hosts' tasks waiting on its lock meanwhile). Its
+# mark tells the module's command (whose input is the stand-in's payload) from the others Ansible may run first (the
+# interpreter's discovery, where the host's Python is not given): only the module's is answered.
+_MARK = b'# gpufleet.proxmox: a stand-in for a module whose call is made as a program'
+_STAND_IN = b'#!/usr/bin/python\n' + _MARK + b'\n# <<INCLUDE_ANSIBLE_MODULE_JSON_ARGS>>\n'
 
 
 class _Answered(object):
-    """A task's connection whose commands answer(cmd, in_data, sudoable) answers."""
+    """A task's connection whose module command answer(cmd, in_data, sudoable) answers; any other command (the
+    interpreter's discovery) runs as it would."""
 
     def __init__(self, real, answer):
         self._real, self._answer = real, answer
@@ -171,14 +175,16 @@ class _Answered(object):
         return getattr(self._real, name)
 
     def exec_command(self, cmd, in_data=None, sudoable=True):
-        return self._answer(cmd, in_data, sudoable)
+        if in_data is not None and _MARK in to_bytes(in_data):
+            return self._answer(cmd, in_data, sudoable)
+        return self._real.exec_command(cmd, in_data=in_data, sudoable=sudoable)
 
     def put_file(self, in_path, out_path):
         raise AnsibleError('a module call made as a program cannot copy files: it needs pipelining')
 
 
 def _stand_in():
-    path = os.path.join(C.DEFAULT_LOCAL_TMP, 'gpufleet-direct-module')
+    path = os.path.join(C.DEFAULT_LOCAL_TMP, 'gpufleet-direct-stand-in')
     if not os.path.exists(path):
         fd, made = tempfile.mkstemp(prefix='.gpufleet-direct-', dir=C.DEFAULT_LOCAL_TMP)
         with os.fdopen(fd, 'wb') as fh:
@@ -188,8 +194,8 @@ def _stand_in():
 
 
 def through(action, answer, module, args, task_vars):
-    """action's _execute_module of module(args), its payload the stand-in's, its command (with input) answered by
-    answer(cmd, in_data, sudoable) -> (rc, stdout, stderr); the result parsed as Ansible parses a module's."""
+    """action's _execute_module of module(args), its payload the stand-in's, the module's command (with input) answered
+    by answer(cmd, in_data, sudoable) -> (rc, stdout, stderr); the result parsed as Ansible parses a module's."""
     real, make, path = action._connection, action_plugins.modify_module, _stand_in()
 
     def stand_in(*given, **kwargs):

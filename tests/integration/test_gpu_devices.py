@@ -45,15 +45,19 @@ def test_the_lab_nodes_gpus(play, lab):
 def test_the_program_and_the_module_discover_alike(play):
     """gpu_devices runs on the node as a program of its entry point where the connection pipelines (its action), and
     as the module itself where it does not: both find the same, ~ in a share's or a boot file's path is the node's
-    home, and a bad driver bundle is refused by name before anything runs."""
+    home, and a bad driver bundle is refused by name before anything runs. Where the node's Python is not given,
+    Ansible's discovery of it runs first, as it would for the module, and the program runs with what it found."""
     args = {'proc_root': '{{ gpufleet_lab.proc_root }}', 'root': '{{ gpu_node_root }}',
             'nvidia_smi': '{{ gpufleet_lab_dir }}/driver/bin/nvidia-smi', 'shares': [{'path': '~/gpufleet-no-share'}],
             'boot_files': [{'path': '~/gpufleet-no-boot-file', 'content': 'x', 'mode': '0644'}]}
     r = play([{'gpufleet.proxmox.gpu_devices': args},
               {'gpufleet.proxmox.gpu_devices': args, 'vars': {'ansible_pipelining': False}},
-              {'gpufleet.proxmox.gpu_devices': dict(args, bundle={'dest': 5, 'colour': 'red'}), 'ignore_errors': True}],
+              {'gpufleet.proxmox.gpu_devices': dict(args, bundle={'dest': 5, 'colour': 'red'}), 'ignore_errors': True},
+              # (the lab's node is this machine, where pyenv's shims come first: discovery is given the system's)
+              {'gpufleet.proxmox.gpu_devices': args, 'vars': {'ansible_python_interpreter': 'auto_silent',
+                                                              'ansible_interpreter_python_fallback': ['/usr/bin/python3']}}],
              hosts='pve1')
-    program, module, bad = (r.task(i, 'pve1') for i in range(3))
+    program, module, bad, discovered = (r.task(i, 'pve1') for i in range(4))
     assert not program.get('failed') and not module.get('failed'), (program, module)
     assert 'invocation' in module and 'invocation' not in program  # AnsibleModule's own, the program's not
     assert program['ansible_facts'] == module['ansible_facts']
@@ -61,6 +65,9 @@ def test_the_program_and_the_module_discover_alike(play):
     assert ('share_missing', '/root/gpufleet-no-share') in [(f['code'], f.get('path')) for f in found], found
     assert any('/root/gpufleet-no-boot-file' in f['msg'] for f in found), found
     assert bad['failed'] and bad['msg'].startswith('bundle: ') and 'colour' in bad['msg'], bad
+    assert not discovered.get('failed') and 'invocation' not in discovered, discovered
+    assert discovered['ansible_facts']['discovered_interpreter_python'] == '/usr/bin/python3'
+    assert discovered['ansible_facts']['gpufleet_gpu_devices'] == program['ansible_facts']['gpufleet_gpu_devices']
 
 
 def make_node(tmp_path, dev=(), devices=None, version=True):
