@@ -21,6 +21,5 @@ class ActionModule(ActionBase):
         args, error = checked_bundle(dict(self._task.args))
         if error:
             return dict(result, failed=True, msg=error)
-        result.update(_direct.execute(self, self._task.resolved_action or self._task.action, '_nvidia:discover_node',
-                                      ARGUMENT_SPEC, args, task_vars))
+        result.update(_direct.execute(self, '_nvidia:discover_node', ARGUMENT_SPEC, args, task_vars))
         return result

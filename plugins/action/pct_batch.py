@@ -31,8 +31,7 @@ class ActionModule(ActionBase):
         if not calls:
             return dict(result, changed=False, runs={})
         args['calls'] = calls
-        result.update(_direct.execute(self, self._task.resolved_action or self._task.action, '_pct:run_calls',
-                                      ARGUMENT_SPEC, args, task_vars))
+        result.update(_direct.execute(self, '_pct:run_calls', ARGUMENT_SPEC, args, task_vars))
         # the calls' command lines carry their tasks' environment: not in the result (nor its logs)
         result.pop('invocation', None)
         result['changed'] = False

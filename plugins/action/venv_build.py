@@ -44,12 +44,11 @@ class ActionModule(ActionBase):
         args = dict(self._task.args)
         defer = boolean(args.pop('defer', False), strict=False)
         args = from_profile(args)
-        module = self._task.resolved_action or self._task.action
+        module = _direct.module_of(self)
         if defer and self._task.check_mode and _deferred.can_defer(self):
-            params, paths, error = _direct.validated(module, ARGUMENT_SPEC, args, required_if=REQUIRED_IF)
+            program, error = _direct.program(self, '_venv_build:call', ARGUMENT_SPEC, args, True, required_if=REQUIRED_IF)
             if error:
                 return dict(result, failed=True, msg=error)
-            program = _direct.script('_venv_build:call', params, paths, check=True)
             result.update(changed=False, deferred=_deferred.record(self, module, args, task_vars, program=program))
             return result
         wrap_async = self._task.async_val and not self._connection.has_native_async

@@ -212,16 +212,31 @@ def through(action, answer, module, args, task_vars):
         action._connection, action_plugins.modify_module = real, make
 
 
-def execute(action, module, entry, spec, args, task_vars, **constraints):
-    """module(args) run over the task's connection as the program of its entry point (script), its arguments checked
-    first with spec (the module's argument spec, and constraints: validated); the result parsed as the module's. Where
-    the task's connection does not pipeline modules, the module itself runs."""
+def module_of(action):
+    """The module this action's task calls (its resolved name)."""
+    return action._task.resolved_action or action._task.action
+
+
+def program(action, entry, spec, args, check, **constraints):
+    """(the program of this task's module call, args, as entry's script in check mode where check, None), or (None,
+    the module's message) where args do not pass spec (the module's argument spec, and constraints: validated)."""
+    params, paths, error = validated(module_of(action), spec, args, **constraints)
+    if error:
+        return None, error
+    return script(entry, params, paths, check), None
+
+
+def execute(action, entry, spec, args, task_vars, **constraints):
+    """This task's module call, args, run over the task's connection as the program of its entry point (program);
+    the result parsed as the module's. Where the task's connection does not pipeline modules, the module itself
+    runs."""
+    module = module_of(action)
     if not action._is_pipelining_enabled('new'):
         return action._execute_module(module_name=module, module_args=dict(args), task_vars=task_vars)
-    params, paths, error = validated(module, spec, args, **constraints)
+    made, error = program(action, entry, spec, args, action._task.check_mode, **constraints)
     if error:
         return {'failed': True, 'msg': error}
-    program = to_bytes(script(entry, params, paths, action._task.check_mode))
+    made = to_bytes(made)
     real = action._connection
-    return through(action, lambda cmd, in_data, sudoable: real.exec_command(cmd, in_data=program, sudoable=sudoable),
+    return through(action, lambda cmd, in_data, sudoable: real.exec_command(cmd, in_data=made, sudoable=sudoable),
                    module, args, task_vars)
