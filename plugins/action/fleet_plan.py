@@ -9,7 +9,7 @@ through _pve only where the plan depends on it."""
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _pve
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _pve, _pve_options
 from ansible_collections.gpufleet.proxmox.plugins.modules.fleet_plan import ARGUMENT_SPEC
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _fleet
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils._action import ControllerAction, host_var
@@ -35,8 +35,8 @@ def nodes_seen(hostvars, nodes):
 
 def connection(api):
     """The API options as lxc_container takes them, checked (an error names api.<field>)."""
-    result = ArgumentSpecValidator(_pve.CONNECTION_SPEC, required_one_of=_pve.CONNECTION_REQUIRED_ONE_OF,
-                                   required_together=_pve.CONNECTION_REQUIRED_TOGETHER).validate(dict(api))
+    result = ArgumentSpecValidator(_pve_options.CONNECTION_SPEC, required_one_of=_pve_options.CONNECTION_REQUIRED_ONE_OF,
+                                   required_together=_pve_options.CONNECTION_REQUIRED_TOGETHER).validate(dict(api))
     if result.error_messages:
         raise AnsibleActionFail('api: {0}'.format('; '.join(result.error_messages)))
     return result.validated_parameters

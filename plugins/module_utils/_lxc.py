@@ -17,7 +17,7 @@ import os
 import re
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pveconf, _pvecheck
-from ansible_collections.gpufleet.proxmox.plugins.module_utils._pve import PveError, pve_version
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._pve import PveClient, PveError, missing_proxmoxer, pve_version
 
 # Per-container options (PVE's names where PVE has one).
 CONTAINER_SPEC = dict(
@@ -801,6 +801,43 @@ def reconcile_all(client, specs, check_mode, lock_timeout=60, orphan_tag=None):
                                         for p in plans[n + 1:]]
             raise
     return results, left
+
+
+def run(params, check_mode):
+    """The lxc_container module's work: params (its validated arguments) reconciled, in check mode where check_mode;
+    the module's result (failed, with msg, where it fails)."""
+    missing = missing_proxmoxer()
+    if missing:
+        return missing
+    try:
+        # every value of every container is checked before the login
+        specs = container_specs(params)
+        validate(specs)
+        client = PveClient(params, read_only=check_mode)
+        results, left = reconcile_all(client, specs, check_mode, params['lock_timeout'], params['orphan_tag'])
+    except SpecError as e:
+        return {'failed': True, 'changed': False, 'msg': str(e)}
+    except PveError as e:
+        done = getattr(e, 'done', [])
+        for r in done:
+            r.pop('diff', None)
+        return dict(e.result(), failed=True, changed=any(r['changed'] for r in done), containers=done)
+    out = {} if left is None else {'orphans': left}
+    out.update(changed=any(r['changed'] for r in results), containers=results, api_requests=client.requests,
+               changed_keys=sorted(set(k for r in results for k in r['changed_keys'])),
+               pending=sorted(set(k for r in results for k in r['pending'])),
+               restart_required=any(r['restart_required'] for r in results))
+    diffs = [r.pop('diff') for r in results]
+    if params['vmid'] is not None:
+        one = results[0]
+        out.update(vmid=one['vmid'], node=one['node'], status=one['status'], pending=one['pending'],
+                   changed_keys=one['changed_keys'])
+        if 'config' in one:
+            out['config'] = one['config']
+        out['diff'] = diffs[0]
+    else:
+        out['diff'] = [d for d, r in zip(diffs, results) if r['changed']]
+    return out
 
 
 def container_specs(params):

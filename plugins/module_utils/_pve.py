@@ -1,9 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.proxmox contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The one PVE API client of the collection: connection options, login, errors, tasks, locks.
+"""The one PVE API client of the collection: login, errors, tasks, locks (its connection options are _pve_options').
 
-Every module that talks to the PVE API builds a `PveClient` from its parameters.  Errors come
+Every module that talks to the PVE API builds a `PveClient` from its parameters; it needs proxmoxer, not Ansible.  Errors come
 out as `PveError` with PVE's own message (the HTTP reason phrase), the per-field errors of a
 400, and for a failed task its exit status and the last lines of its log.
 """
@@ -12,8 +12,6 @@ out as `PveError` with PVE's own message (the HTTP reason phrase), the per-field
 import re
 import time
 import traceback
-
-from ansible.module_utils.basic import env_fallback
 
 try:
     from proxmoxer import ProxmoxAPI
@@ -26,27 +24,23 @@ except ImportError:
     PROXMOXER_IMPORT_ERROR = traceback.format_exc()
 
 
+def missing_proxmoxer():
+    """A module's failure where its Python lacks proxmoxer (None where it has it), saying where to install it."""
+    if HAS_PROXMOXER:
+        return None
+    import platform
+    import sys
+    return {'failed': True, 'exception': PROXMOXER_IMPORT_ERROR,
+            'msg': "Failed to import the required Python library (proxmoxer) on {0}'s Python {1}: install proxmoxer "
+                   "and requests there, or set ansible_python_interpreter to a Python that has them".format(
+                       platform.node(), sys.executable)}
+
+
 def pve_version(text):
     """(major, minor) of a PVE version string as /version gives it ('9.0.10'); (0, 0) where it is not one."""
     m = re.match(r'^(\d+)\.(\d+)', str(text or ''))
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
-
-# Connection options, with community.proxmox's names and PROXMOX_* environment fallbacks.
-CONNECTION_SPEC = dict(
-    api_host=dict(type='list', elements='str', required=True, fallback=(env_fallback, ['PROXMOX_HOST'])),
-    api_port=dict(type='int', default=8006, fallback=(env_fallback, ['PROXMOX_PORT'])),
-    api_user=dict(type='str', required=True, fallback=(env_fallback, ['PROXMOX_USER'])),
-    api_password=dict(type='str', no_log=True, fallback=(env_fallback, ['PROXMOX_PASSWORD'])),
-    api_otp=dict(type='str', no_log=True, fallback=(env_fallback, ['PROXMOX_OTP'])),
-    api_token_id=dict(type='str', no_log=False, fallback=(env_fallback, ['PROXMOX_TOKEN_ID'])),
-    api_token_secret=dict(type='str', no_log=True, fallback=(env_fallback, ['PROXMOX_TOKEN_SECRET'])),
-    validate_certs=dict(type='bool', default=True, fallback=(env_fallback, ['PROXMOX_VALIDATE_CERTS'])),
-    ca_path=dict(type='path', fallback=(env_fallback, ['PROXMOX_CA_PATH'])),
-    timeout=dict(type='int', default=300),
-)
-CONNECTION_REQUIRED_ONE_OF = [('api_password', 'api_token_id')]
-CONNECTION_REQUIRED_TOGETHER = [('api_token_id', 'api_token_secret')]
 
 HTTP_TIMEOUT = 60
 TASK_LOG_LINES = 20

@@ -271,13 +271,13 @@ orphans:
   elements: dict
 '''
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _pve
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _pve_options
 
 
 def argument_spec():
-    spec = dict(_pve.CONNECTION_SPEC)
+    spec = dict(_pve_options.CONNECTION_SPEC)
     spec.update(_lxc.CONTAINER_SPEC)
     # the defaults a call's top-level options get are the ones each container entry gets (_lxc.DEFAULTS)
     for key in ('state', 'restart_on_pending', 'force', 'purge'):
@@ -293,46 +293,19 @@ def argument_spec():
     return spec
 
 
+# AnsibleModule's constraints on the arguments beside the spec (the action checks them alike)
+CONSTRAINTS = dict(required_one_of=_pve_options.CONNECTION_REQUIRED_ONE_OF + [('vmid', 'containers')],
+                   required_together=_pve_options.CONNECTION_REQUIRED_TOGETHER,
+                   mutually_exclusive=[('vmid', 'containers')])
+
+
 def main():
-    module = AnsibleModule(
-        argument_spec=argument_spec(), supports_check_mode=True,
-        required_one_of=_pve.CONNECTION_REQUIRED_ONE_OF + [('vmid', 'containers')],
-        required_together=_pve.CONNECTION_REQUIRED_TOGETHER,
-        mutually_exclusive=[('vmid', 'containers')])
-    if not _pve.HAS_PROXMOXER:
-        module.fail_json(msg=missing_required_lib('proxmoxer'), exception=_pve.PROXMOXER_IMPORT_ERROR)
-    p = module.params
-    out = {}
-    try:
-        # every value of every container is checked before the login
-        specs = _lxc.container_specs(p)
-        _lxc.validate(specs)
-        client = _pve.PveClient(p, read_only=module.check_mode)
-        results, orphans = _lxc.reconcile_all(client, specs, module.check_mode, p['lock_timeout'], p['orphan_tag'])
-    except _lxc.SpecError as e:
-        module.fail_json(msg=str(e), changed=False)
-    except _pve.PveError as e:
-        done = getattr(e, 'done', [])
-        for r in done:
-            r.pop('diff', None)
-        module.fail_json(changed=any(r['changed'] for r in done), containers=done, **e.result())
-    if orphans is not None:
-        out['orphans'] = orphans
-    out.update(changed=any(r['changed'] for r in results), containers=results, api_requests=client.requests,
-               changed_keys=sorted(set(k for r in results for k in r['changed_keys'])),
-               pending=sorted(set(k for r in results for k in r['pending'])),
-               restart_required=any(r['restart_required'] for r in results))
-    diffs = [r.pop('diff') for r in results]
-    if p['vmid'] is not None:
-        one = results[0]
-        out.update(vmid=one['vmid'], node=one['node'], status=one['status'], pending=one['pending'],
-                   changed_keys=one['changed_keys'])
-        if 'config' in one:
-            out['config'] = one['config']
-        out['diff'] = diffs[0]
-    else:
-        out['diff'] = [d for d, r in zip(diffs, results) if r['changed']]
-    module.exit_json(**out)
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True, **CONSTRAINTS)
+    result = _lxc.run(module.params, module.check_mode)
+    if result.get('failed'):
+        result.pop('failed')
+        module.fail_json(**result)
+    module.exit_json(**result)
 
 
 if __name__ == '__main__':

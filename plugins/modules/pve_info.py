@@ -53,17 +53,18 @@ is_root_password:
   type: bool
 '''
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pve
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pve, _pve_options
 
 
 def main():
-    module = AnsibleModule(argument_spec=dict(_pve.CONNECTION_SPEC), supports_check_mode=True,
-                           required_one_of=_pve.CONNECTION_REQUIRED_ONE_OF,
-                           required_together=_pve.CONNECTION_REQUIRED_TOGETHER)
-    if not _pve.HAS_PROXMOXER:
-        module.fail_json(msg=missing_required_lib('proxmoxer'), exception=_pve.PROXMOXER_IMPORT_ERROR)
+    module = AnsibleModule(argument_spec=dict(_pve_options.CONNECTION_SPEC), supports_check_mode=True,
+                           required_one_of=_pve_options.CONNECTION_REQUIRED_ONE_OF,
+                           required_together=_pve_options.CONNECTION_REQUIRED_TOGETHER)
+    missing = _pve.missing_proxmoxer()
+    if missing:
+        module.fail_json(**dict((k, v) for k, v in missing.items() if k != 'failed'))
     try:
         client = _pve.PveClient(module.params, read_only=True)
         version = client.version()

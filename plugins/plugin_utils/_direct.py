@@ -13,9 +13,14 @@ imports) given as source, and prints the result as the module does; the argument
 first with the module's own argument spec and its validator (validated), so a bad argument fails the task with the
 module's message before anything runs. Path arguments are expanded in the target, as the module does there (~ and
 $VARS are the target's). The command line is the module's own, made by Ansible with a stand-in for the module
-(through)."""
+(through).
+
+A module that would run on the controller (lxc_container, delegated to localhost) needs no program: here calls its
+entry point in the task's own process, after the same checks, without a Python to start, a payload to make or
+Ansible's module_utils to import again."""
 
 
+import importlib
 import json
 import os
 import re
@@ -25,6 +30,7 @@ import ansible.plugins.action as action_plugins
 from ansible import constants as C
 from ansible.errors import AnsibleError
 from ansible.module_utils.common.arg_spec import ModuleArgumentSpecValidator
+from ansible.module_utils.common.parameters import remove_values
 from ansible.module_utils.common.text.converters import to_bytes
 from ansible.module_utils.errors import UnsupportedError
 
@@ -37,7 +43,7 @@ _IMPORT = re.compile(r'^[ \t]*from[ \t]+' + re.escape(PACKAGE) + r'(?:\.(\w+))?[
 # Runs in the target with its system Python (3.6 or newer): SOURCES are the entry point's module_utils and those it
 # imports, by name, imported on demand; the entry point's result is printed as a module prints its result (rc 1 where it failed).
 _PROGRAM = r'''
-import importlib.abc, importlib.util, json, os, sys, traceback
+import importlib.util, json, os, sys
 SOURCES = json.loads(%(sources)r)
 PACKAGES = set()
 for _name in SOURCES:
@@ -45,7 +51,7 @@ for _name in SOURCES:
     PACKAGES.update('.'.join(_parts[:i]) for i in range(1, len(_parts)))
 
 
-class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class Finder(object):  # a finder and loader as the import system asks (importlib.abc's import is 15 ms)
     def find_spec(self, name, path, target=None):
         if name in SOURCES or name in PACKAGES:
             return importlib.util.spec_from_loader(name, self, is_package=name in PACKAGES)
@@ -78,6 +84,7 @@ try:
     _module = __import__(%(module)r, fromlist=['_'])
     result = getattr(_module, %(function)r)(expand(json.loads(%(params)r), json.loads(%(paths)r)), %(check)r)
 except Exception:
+    import traceback
     result = {'failed': True, 'msg': 'MODULE FAILURE: ' + traceback.format_exc().strip().splitlines()[-1],
               'exception': traceback.format_exc()}
 sys.stdout.write(json.dumps(result) + '\n')
@@ -240,3 +247,35 @@ def execute(action, entry, spec, args, task_vars, **constraints):
     real = action._connection
     return through(action, lambda cmd, in_data, sudoable: real.exec_command(cmd, in_data=made, sudoable=sudoable),
                    module, args, task_vars)
+
+
+def on_controller(action):
+    """Would this task's module run on the controller, as the controller's user (a local connection, no become)?"""
+    return getattr(action._connection, 'transport', None) == 'local' and not action._play_context.become
+
+
+def here(action, entry, spec, args, task_vars, **constraints):
+    """This task's module call, args, made in this process (the task's worker on the controller) for a module that
+    would run on the controller (on_controller): entry ('_module:function' of this collection's module_utils) is
+    called with the arguments as AnsibleModule makes them (spec and constraints checked, defaults, fallbacks read
+    with the task's environment in place) and the module's check mode, and the values the spec marks no_log are
+    taken out of its result, as AnsibleModule does. The task's environment is the process's meanwhile (the libraries
+    the entry point uses read theirs, as a proxy's, from there)."""
+    environment = {}
+    action._compute_environment_string(environment)
+    saved = dict(os.environ)
+    os.environ.update((str(k), str(v)) for k, v in environment.items())
+    try:
+        checked = ModuleArgumentSpecValidator(spec, **constraints).validate(dict(args))
+        if checked.errors.errors:
+            msg = checked.errors.msg
+            if isinstance(checked.errors[0], UnsupportedError):
+                msg = 'Unsupported parameters for ({0}) module: {1}'.format(module_of(action), msg)
+            return {'failed': True, 'msg': msg}
+        module, function = entry.split(':')
+        work = getattr(importlib.import_module(PACKAGE + '.' + module), function)
+        result = work(checked.validated_parameters, bool(action._task.check_mode))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return remove_values(result, checked._no_log_values)

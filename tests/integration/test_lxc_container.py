@@ -491,3 +491,36 @@ def test_connection_from_proxmox_environment_variables(lab, pve, tmp_path, creds
     r = run_playbook([{'name': 'env', 'hosts': 'localhost', 'gather_facts': False,
                        'tasks': [{'gpufleet.proxmox.lxc_container': {'vmid': 981, 'cores': 2}}]}], tmp_path, env=env)
     assert r.rc != 0 and 'CERTIFICATE_VERIFY_FAILED' in r.task(0)['msg']
+
+
+def test_in_the_tasks_process_and_as_the_module_alike(lab, creds, tmp_path, pve, control):
+    """On the controller (a local connection, as gpu_container's delegated task) the action does the module's work
+    in the task's own process; elsewhere (here the lab node over SSH, with a Python that has proxmoxer) the module
+    runs. Both take their logins from PROXMOX_* in the task's environment, plan the same, and hide the values that
+    are no_log (the password, here also given as the description) in what they return."""
+    import json
+    import sys
+    from gpufleet.lab.testing import run_playbook
+    secret = creds['api_password']
+    task = {'gpufleet.proxmox.lxc_container': dict(vmid=962, node='pve1', ostemplate=TEMPLATE, storage='local-lvm',
+                                                   hostname='c962', cores=2, description=secret, state='started'),
+            'environment': {'PROXMOX_HOST': '{{ gpufleet_api_host }}', 'PROXMOX_PORT': '{{ gpufleet_api_port }}',
+                            'PROXMOX_USER': 'root@pam', 'PROXMOX_PASSWORD': '{{ gpufleet_api_password }}',
+                            'PROXMOX_CA_PATH': '{{ gpufleet_api_ca_path }}'},
+            'ignore_errors': True}
+    module = dict(task, delegate_to='pve1', vars={'ansible_python_interpreter': sys.executable})
+    without = dict(task, delegate_to='pve1', vars={'ansible_python_interpreter': '/usr/bin/python3'})
+    control.clear_requests()
+    r = run_playbook([{'hosts': 'localhost', 'gather_facts': False, 'tasks': [task, module, without]}], tmp_path,
+                     '--check', '--diff')
+    here, there, bare = r.task(0), r.task(1), r.task(2)
+    assert not here.get('failed') and not there.get('failed'), (here.get('msg'), there.get('msg'))
+    assert 'invocation' in there and 'invocation' not in here  # the module's own wrapper ran only for the second
+    keys = ('changed', 'containers', 'changed_keys', 'pending', 'restart_required', 'diff', 'vmid', 'node', 'status')
+    assert dict((k, here[k]) for k in keys) == dict((k, there[k]) for k in keys)
+    assert here['changed'] and here['containers'][0]['created']
+    assert here['diff']['after']['description'] == 'VALUE_SPECIFIED_IN_NO_LOG_PARAMETER'  # as AnsibleModule hides it
+    assert secret not in json.dumps(here) and secret not in json.dumps(there)
+    assert changes_to(control, 962) == []
+    # the module where its Python lacks proxmoxer: says so, and where to install it
+    assert bare.get('failed') and 'proxmoxer' in bare['msg'] and '/usr/bin/python3' in bare['msg'], bare
