@@ -112,7 +112,7 @@ def measure(lab, nodes, per_node, runs, tmp):
                GPUFLEET_REPORT_DIR=os.path.join(work, 'reports'), ANSIBLE_FORKS=str(FORKS),
                ANSIBLE_CALLBACK_PLUGINS=os.path.join(HERE, 'callback_plugins'),
                # this replaces ansible.cfg's list, so it names the collection's callback that the checkout enables too
-               ANSIBLE_CALLBACKS_ENABLED='task_times,gpufleet.proxmox.gc_freeze')
+               ANSIBLE_CALLBACKS_ENABLED='task_times,gpufleet.proxmox.prefork')
     playbook = [os.path.join(BIN, 'ansible-playbook'), '-i', os.path.join(ROOT, 'inventories', 'lab'), '-e', '@' + extra]
     adhoc = [os.path.join(BIN, 'ansible'), '-i', inventory, 'all']
     out = {'nodes': nodes, 'containers': nodes * per_node}

@@ -151,8 +151,8 @@ def test_pipelining_is_on_where_no_config_sets_it_and_as_configured_where_one_do
     bare.mkdir()
     monkeypatch.chdir(bare)
     assert fleet.ansible_settings() == {'ANSIBLE_HOST_KEY_CHECKING': 'True', 'ANSIBLE_PIPELINING': 'True',
-                                        'ANSIBLE_CALLBACKS_ENABLED': 'gpufleet.proxmox.gc_freeze'}
-    (bare / 'ansible.cfg').write_text('[defaults]\nhost_key_checking = False\ncallbacks_enabled = gpufleet.proxmox.gc_freeze\n'
+                                        'ANSIBLE_CALLBACKS_ENABLED': 'gpufleet.proxmox.prefork'}
+    (bare / 'ansible.cfg').write_text('[defaults]\nhost_key_checking = False\ncallbacks_enabled = gpufleet.proxmox.prefork\n'
                                       '[connection]\npipelining = False\n')
     assert fleet.ansible_settings() == {'ANSIBLE_HOST_KEY_CHECKING': 'False'}
     monkeypatch.chdir(tmp_path)
@@ -160,28 +160,31 @@ def test_pipelining_is_on_where_no_config_sets_it_and_as_configured_where_one_do
     assert 'ANSIBLE_PIPELINING' not in fleet.ansible_settings()
 
 
-def test_the_cli_adds_the_gc_freeze_callback_to_those_the_operator_enables(tmp_path, monkeypatch):
+def test_the_cli_adds_the_prefork_callback_to_those_the_operator_enables(tmp_path, monkeypatch):
     for name in ('ANSIBLE_CONFIG', 'ANSIBLE_CALLBACKS_ENABLED'):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv('HOME', str(tmp_path))
     monkeypatch.chdir(tmp_path)
     (tmp_path / 'ansible.cfg').write_text('[defaults]\ncallbacks_enabled = ansible.posix.profile_tasks, timer\n')
     assert fleet.ansible_settings()['ANSIBLE_CALLBACKS_ENABLED'] == \
-        'ansible.posix.profile_tasks,timer,gpufleet.proxmox.gc_freeze'
+        'ansible.posix.profile_tasks,timer,gpufleet.proxmox.prefork'
     monkeypatch.setenv('ANSIBLE_CALLBACKS_ENABLED', 'timer')
-    assert fleet.ansible_settings()['ANSIBLE_CALLBACKS_ENABLED'] == 'timer,gpufleet.proxmox.gc_freeze'
+    assert fleet.ansible_settings()['ANSIBLE_CALLBACKS_ENABLED'] == 'timer,gpufleet.proxmox.prefork'
+    # enabled by its former name: not added again
+    monkeypatch.setenv('ANSIBLE_CALLBACKS_ENABLED', 'timer,gpufleet.proxmox.gc_freeze')
+    assert 'ANSIBLE_CALLBACKS_ENABLED' not in fleet.ansible_settings()
 
 
-def test_the_checkouts_ansible_cfg_enables_the_gc_freeze_callback(monkeypatch):
+def test_the_checkouts_ansible_cfg_enables_the_prefork_callback(monkeypatch):
     from ansible.config.manager import ConfigManager
     monkeypatch.delenv('ANSIBLE_CALLBACKS_ENABLED', raising=False)
     config = ConfigManager(os.path.join(ROOT, 'ansible.cfg'))
-    assert 'gpufleet.proxmox.gc_freeze' in config.get_config_value('CALLBACKS_ENABLED')
+    assert 'gpufleet.proxmox.prefork' in config.get_config_value('CALLBACKS_ENABLED')
 
 
-def test_the_gc_freeze_callback_freezes_the_controllers_objects_at_each_play_and_task():
+def test_the_prefork_callback_freezes_the_controllers_objects_at_each_play_and_task():
     import gc
-    from ansible_collections.gpufleet.proxmox.plugins.callback.gc_freeze import CallbackModule
+    from ansible_collections.gpufleet.proxmox.plugins.callback.prefork import CallbackModule
     callback = CallbackModule()
     try:
         for start, args in ((callback.v2_playbook_on_play_start, ('play',)),

@@ -197,7 +197,8 @@ def read_reports(directory):
     return dict((n[:-len('.json')], read_json(os.path.join(directory, n)) or {}) for n in names)
 
 
-GC_FREEZE = 'gpufleet.proxmox.gc_freeze'
+PREFORK = 'gpufleet.proxmox.prefork'
+PREFORK_NAMES = (PREFORK, 'gpufleet.proxmox.gc_freeze')  # its former name too
 
 
 def ansible_settings():
@@ -205,16 +206,16 @@ def ansible_settings():
     environment set it ('True' unless they turn it off; ansible-runner turns it off for every run it starts unless
     told); where neither sets pipelining (the collection installed, run outside a checkout), pipelining on, so
     that each module goes into a container in one round trip through pct, as the checkout's ansible.cfg has it; and
-    the collection's gc_freeze callback added to the callbacks they enable (it spares each forked worker a walk of
-    the controller's objects), as the checkout's ansible.cfg has it."""
+    the collection's prefork callback added to the callbacks they enable (it spares each forked worker a walk of
+    the controller's objects and loading the plugins every worker uses), as the checkout's ansible.cfg has it."""
     from ansible.config.manager import ConfigManager
     config = ConfigManager()
     out = {'ANSIBLE_HOST_KEY_CHECKING': str(bool(config.get_config_value('HOST_KEY_CHECKING')))}
     if config.get_config_value_and_origin('ANSIBLE_PIPELINING')[1] == 'default':
         out['ANSIBLE_PIPELINING'] = 'True'
     enabled = list(config.get_config_value('CALLBACKS_ENABLED') or [])
-    if GC_FREEZE not in enabled:
-        out['ANSIBLE_CALLBACKS_ENABLED'] = ','.join(enabled + [GC_FREEZE])
+    if not set(enabled) & set(PREFORK_NAMES):
+        out['ANSIBLE_CALLBACKS_ENABLED'] = ','.join(enabled + [PREFORK])
     return out
 
 
