@@ -139,16 +139,25 @@ def _unexpanded(spec):
     return plain, paths
 
 
+def _checked(name, spec, args, **constraints):
+    """(ModuleArgumentSpecValidator's result for args against spec and constraints, None), or (it, the module's
+    message as AnsibleModule says it) where they do not pass."""
+    checked = ModuleArgumentSpecValidator(spec, **constraints).validate(dict(args))
+    if not checked.errors.errors:
+        return checked, None
+    msg = checked.errors.msg
+    if isinstance(checked.errors[0], UnsupportedError):
+        msg = 'Unsupported parameters for ({0}) module: {1}'.format(name, msg)
+    return checked, msg
+
+
 def validated(name, spec, args, **constraints):
     """(params, paths, None), or (None, None, the module's message) where args do not pass the module's argument spec
     (its constraints too: required_if and the like), as AnsibleModule says it."""
     plain, paths = _unexpanded(spec)
-    checked = ModuleArgumentSpecValidator(plain, **constraints).validate(dict(args))
-    if checked.errors.errors:
-        msg = checked.errors.msg
-        if isinstance(checked.errors[0], UnsupportedError):
-            msg = 'Unsupported parameters for ({0}) module: {1}'.format(name, msg)
-        return None, None, msg
+    checked, error = _checked(name, plain, args, **constraints)
+    if error:
+        return None, None, error
     return checked.validated_parameters, paths, None
 
 
@@ -266,12 +275,9 @@ def here(action, entry, spec, args, task_vars, **constraints):
     saved = dict(os.environ)
     os.environ.update((str(k), str(v)) for k, v in environment.items())
     try:
-        checked = ModuleArgumentSpecValidator(spec, **constraints).validate(dict(args))
-        if checked.errors.errors:
-            msg = checked.errors.msg
-            if isinstance(checked.errors[0], UnsupportedError):
-                msg = 'Unsupported parameters for ({0}) module: {1}'.format(module_of(action), msg)
-            return {'failed': True, 'msg': msg}
+        checked, error = _checked(module_of(action), spec, args, **constraints)
+        if error:
+            return {'failed': True, 'msg': error}
         module, function = entry.split(':')
         work = getattr(importlib.import_module(PACKAGE + '.' + module), function)
         result = work(checked.validated_parameters, bool(action._task.check_mode))
