@@ -51,9 +51,4 @@ class ActionModule(ActionBase):
                 return dict(result, failed=True, msg=error)
             result.update(changed=False, deferred=_deferred.record(self, module, args, task_vars, program=program))
             return result
-        wrap_async = self._task.async_val and not self._connection.has_native_async
-        result = merge_hash(result, self._execute_module(module_name=module, module_args=args, task_vars=task_vars,
-                                                         wrap_async=wrap_async))
-        if not wrap_async:
-            self._remove_tmp_path(self._connection._shell.tmpdir)
-        return result
+        return merge_hash(result, _direct.the_module(self, args, task_vars))

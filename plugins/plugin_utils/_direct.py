@@ -246,16 +246,26 @@ def execute(action, entry, spec, args, task_vars, **constraints):
     """This task's module call, args, run over the task's connection as the program of its entry point (program);
     the result parsed as the module's. Where the task's connection does not pipeline modules, the module itself
     runs."""
-    module = module_of(action)
     if not action._is_pipelining_enabled('new'):
-        return action._execute_module(module_name=module, module_args=dict(args), task_vars=task_vars)
+        return the_module(action, args, task_vars)
     made, error = program(action, entry, spec, args, action._task.check_mode, **constraints)
     if error:
         return {'failed': True, 'msg': error}
     made = to_bytes(made)
     real = action._connection
     return through(action, lambda cmd, in_data, sudoable: real.exec_command(cmd, in_data=made, sudoable=sudoable),
-                   module, args, task_vars)
+                   module_of(action), args, task_vars)
+
+
+def the_module(action, args, task_vars):
+    """The task's module itself, run with args as Ansible's own action for modules runs it (asynchronously where the
+    task asks, its temporary directory removed after it otherwise)."""
+    wrap_async = action._task.async_val and not action._connection.has_native_async
+    result = action._execute_module(module_name=module_of(action), module_args=dict(args), task_vars=task_vars,
+                                    wrap_async=wrap_async)
+    if not wrap_async:
+        action._remove_tmp_path(action._connection._shell.tmpdir)
+    return result
 
 
 def on_controller(action):

@@ -524,3 +524,12 @@ def test_in_the_tasks_process_and_as_the_module_alike(lab, creds, tmp_path, pve,
     assert changes_to(control, 962) == []
     # the module where its Python lacks proxmoxer: says so, and where to install it
     assert bare.get('failed') and 'proxmoxer' in bare['msg'] and '/usr/bin/python3' in bare['msg'], bare
+
+
+def test_an_async_task_runs_the_module(play, control):
+    """async: the action hands the task to the module, which Ansible runs in the background and polls."""
+    control.clear_requests()
+    res = done(play, dict(ct(964, state='absent'), **{'async': 60, 'poll': 1}))
+    assert res['changed'] is False and res['finished'] == 1 and 'ansible_job_id' in res
+    assert res['containers'][0]['vmid'] == 964 and 'invocation' in res  # the module's own wrapper ran it
+    assert changes_to(control, 964) == []
