@@ -23,5 +23,5 @@ class ActionModule(ActionBase):
         result = super(ActionModule, self).run(tmp, task_vars)
         args = dict(self._task.args)
         if _pve.HAS_PROXMOXER and _direct.on_controller(self) and not self._task.async_val:
-            return merge_hash(result, _direct.here(self, '_lxc:run', argument_spec(), args, task_vars, **CONSTRAINTS))
+            return merge_hash(result, _direct.here(self, '_lxc:run', argument_spec(), args, **CONSTRAINTS))
         return merge_hash(result, _direct.the_module(self, args, task_vars))

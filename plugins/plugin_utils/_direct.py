@@ -273,7 +273,7 @@ def on_controller(action):
     return getattr(action._connection, 'transport', None) == 'local' and not action._play_context.become
 
 
-def here(action, entry, spec, args, task_vars, **constraints):
+def here(action, entry, spec, args, **constraints):
     """This task's module call, args, made in this process (the task's worker on the controller) for a module that
     would run on the controller (on_controller): entry ('_module:function' of this collection's module_utils) is
     called with the arguments as AnsibleModule makes them (spec and constraints checked, defaults, fallbacks read
