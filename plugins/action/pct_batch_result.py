@@ -9,7 +9,7 @@ the result as it is."""
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpufleet.proxmox.plugins.modules.pct_batch_result import ARGUMENT_SPEC as SPEC
-from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _deferred
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _container_python, _deferred
 
 
 # What Ansible acts on when a task returns it (shows, sets): said once already, by the task that ran the call.
@@ -29,4 +29,10 @@ class ActionModule(ActionBase):
             return dict((k, v) for k, v in args['deferred'].items() if k not in _SAID and not k.startswith('_ansible'))
         ran = (args['batch'].get('runs') or {}).get(task_vars['inventory_hostname'])
         result.update(_deferred.replay(self, deferral, ran, task_vars))
+        if _container_python.unreadable(result):
+            # the container's Python is missing or does not start: say which, and how it is put back
+            found = _container_python.diagnose(self, _container_python.interpreter_of(self, task_vars))
+            if found is not None:
+                result = dict(_container_python.result(found, self._task.check_mode,
+                                                       deferral['module'].rsplit('.', 1)[-1]))
         return result

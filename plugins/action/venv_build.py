@@ -13,7 +13,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.vars import merge_hash
 
 from ansible_collections.gpufleet.proxmox.plugins.modules.venv_build import ARGUMENT_SPEC, REQUIRED_IF
-from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _deferred, _direct
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _container_python, _deferred, _direct
 
 
 def from_profile(args):
@@ -51,4 +51,25 @@ class ActionModule(ActionBase):
                 return dict(result, failed=True, msg=error)
             result.update(changed=False, deferred=_deferred.record(self, module, args, task_vars, program=program))
             return result
-        return merge_hash(result, _direct.the_module(self, args, task_vars))
+        ran = _direct.the_module(self, args, task_vars)
+        if _container_python.unreadable(ran):
+            ran = self.container_python(ran, args, task_vars)
+        return merge_hash(result, ran)
+
+    def container_python(self, ran, args, task_vars):
+        """A call that came back unreadable: where the container's Python is missing or does not start, the
+        finding (container_python) and, in a repair run, the Python put back and the call made again."""
+        found = _container_python.diagnose(self, _container_python.interpreter_of(self, task_vars))
+        if found is None:
+            return ran
+        repair = boolean(args.get('repair', False), strict=False) and not self._task.check_mode
+        if repair:
+            ok, said = _container_python.repair(self, found)
+            if ok:
+                again = _direct.the_module(self, args, task_vars)
+                if not _container_python.unreadable(again):
+                    return dict(again, changed=True, python_repaired=found)
+                said = again.get('msg') or said
+            return dict(failed=True, container_python=found, msg='venv_build: {0}; putting it back failed: {1}'.format(
+                found['msg'], said))
+        return _container_python.result(found, self._task.check_mode, 'venv_build')

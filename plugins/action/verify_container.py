@@ -9,7 +9,7 @@ torch_verify) over the task's connection."""
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpufleet.proxmox.plugins.modules.verify_container import ARGUMENT_SPEC as SPEC
-from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _verdict
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _container_python, _verdict
 
 
 class ActionModule(ActionBase):
@@ -25,7 +25,8 @@ class ActionModule(ActionBase):
         args = self.validate_argument_spec(argument_spec=SPEC)[1]
         built = args['build'] or {}
         marker = None
-        if 'id' not in built:  # torch_venv did not run: the venv's marker says what it was built from
+        if 'id' not in built and not built.get('container_python'):
+            # torch_venv did not run: the venv's marker says what it was built from
             read = self._module('ansible.legacy.slurp', {'src': args['venv'] + '/gpufleet-venv.json'}, task_vars)
             marker = read.get('content') if not read.get('failed') else None
         now = _verdict.state({
@@ -36,12 +37,19 @@ class ActionModule(ActionBase):
             'settings': dict((k, args[k]) for k in ('expect', 'require_cuda', 'smoke', 'min_tflops', 'compile_check',
                                                     'compile_backend', 'audit_mode', 'max_age', 'user'))})
         audit, probe = now['audit'], now['result']
-        if not now['reuse']:
-            if not now['audited']:
-                audit = self._module('gpufleet.proxmox.venv_audit', {
-                    'venv': args['venv'], 'lock': now['meta'].get('lock'),
-                    'overrides': now['meta'].get('overrides') or [], 'mode': args['audit_mode'],
-                    'imports': now['meta'].get('imports') or ['torch']}, task_vars)
+        python = built.get('container_python')  # torch_venv found the container's Python missing (check runs)
+        if not now['reuse'] and not python and not now['audited']:
+            audit = self._module('gpufleet.proxmox.venv_audit', {
+                'venv': args['venv'], 'lock': now['meta'].get('lock'),
+                'overrides': now['meta'].get('overrides') or [], 'mode': args['audit_mode'],
+                'imports': now['meta'].get('imports') or ['torch']}, task_vars)
+            if _container_python.unreadable(audit):
+                python = _container_python.diagnose(self, _container_python.interpreter_of(self, task_vars))
+        if python:  # nothing runs in the container without it: the finding is its verification's failure
+            audit = {'failed': True, 'msg': '{0}; fix: {1}'.format(python['msg'], python['fix'])}
+            probe = {'failures': [{'check': 'container_python', 'expected': 'the container\'s Python starts',
+                                   'actual': python['msg'], 'fix': python['fix']}], 'msg': audit['msg']}
+        elif not now['reuse']:
             expect = now['expect']
             probe = self._module('gpufleet.proxmox.torch_verify', dict(
                 venv=args['venv'], require_cuda=now['cuda'], smoke=args['smoke'],

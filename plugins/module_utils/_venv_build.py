@@ -36,6 +36,7 @@ from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import (
     read_json, read_text, replace_link, write_json, write_text)
 
 MARKER = 'gpufleet-venv.json'
+BROKEN = '.broken'  # <id>.broken: a venv that could not start, kept for inspection when it was built again
 LOCK_COPY = 'gpufleet-requirements.lock'  # each venv keeps the lock it was built from
 ID = re.compile(r'^[0-9a-f]{16}$')
 
@@ -252,7 +253,9 @@ def import_check(py, imports, env, timeout):
 
 
 def summary(findings):
-    parts = []
+    parts = [f['msg'] for f in findings.get('interpreter') or ()]
+    parts += ['{0} runs at every start and no distribution installed it'.format(f['path'])
+              for f in findings.get('startup_files') or ()]
     for b in findings['broken_distributions']:
         parts.append('{0} {1} lacks {2} file(s)'.format(b['name'], b['version'], len(b['missing']) + len(b['modified'])))
     by_claimants, ask = {}, {}
@@ -403,6 +406,27 @@ class Store:
         for name in vids:
             shutil.rmtree(self.path(name), ignore_errors=True)
 
+    def rebuild(self, vid, req, *, lock_text, env):
+        """The venv vid, which cannot start, built again from lock_text beside itself, as a first build is: the
+        broken one renamed to <id>.broken (an older one of that name removed) and the link pointed at it, so that a
+        job sees what it saw before and never a half-built venv; the new one built, audited and imported; then the
+        link switched to it. A build that fails puts the broken venv and the link back as they were and raises
+        RepairError. Returns (the broken venv's path, the build's timings, its audit)."""
+        kept = self.path(vid) + BROKEN
+        if os.path.lexists(kept):
+            shutil.rmtree(kept)
+        os.rename(self.path(vid), kept)
+        replace_link(self.link, kept)
+        try:
+            timings, report = self.build(vid, req, lock_text=lock_text, env=env)
+        except BuildError as e:
+            os.rename(kept, self.path(vid))
+            self.switch(vid)
+            raise RepairError('the venv cannot start and building it again failed: {0}; it is as it was'.format(e),
+                              **e.details)
+        self.switch(vid)
+        return kept, timings, report
+
     def mend(self, plan, req, *, lock, env):
         """Apply an audit's repair plan to the venv at the link, in its order, then audit it again against lock
         (with req's install_args, overrides and uv) and import req's imports with it, env (uv_env's) for each
@@ -504,8 +528,18 @@ def deploy(req):
                                                       req.overrides, req.uv, list(req.imports), env, req.timeout)
         result['verified'] = _verify_record.read_record(venv)
         if req.repair and not result['audit']['healthy']:
-            result.update(changed=True, repaired=not req.check)
-            if not req.check:
+            # a venv that cannot start is built again (its installers need its interpreter); the rest is mended
+            rebuild = bool(result['audit'].get('rebuild'))
+            result.update(changed=True, repaired=not req.check, rebuilt=rebuild)
+            if req.check:
+                pass
+            elif rebuild:
+                with store.locked():
+                    kept, timings, report = store.rebuild(result['id'], req, lock_text=read_text(lock) or req.lock_text,
+                                                         env=env)
+                result.update(kept_broken=kept, repair_audit=report, verified=None)
+                result['timings'].update(timings)
+            else:
                 result['repair_audit'] = store.mend(result['audit']['plan'], req, lock=lock, env=env)
     return result
 

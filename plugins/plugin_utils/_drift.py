@@ -83,7 +83,21 @@ def container(driver=None, build=None, report=None):
         items.append(_item('venv', 'active', 'the active venv is not its lock\'s: switch to {0}'.format(build.get('id'))))
     elif build and build.get('lock_written'):
         items.append(_item('venv', 'lock_file', 'the lock file in the container is not the profile\'s'))
-    findings = ((build or {}).get('audit') or {}).get('findings') or {}
+    python = (build or {}).get('container_python') or (build or {}).get('python_repaired')
+    if python:
+        items.append(_item('container', 'python', python['msg'], fix=python['fix']))
+    audit = (build or {}).get('audit') or {}
+    findings = audit.get('findings') or {}
+    if build and build.get('kept_broken'):
+        items.append(_item('venv', 'rebuilt', 'the venv could not start, so it was built again from its lock beside '
+                           'it and switched to once it imported; the broken one is kept at {0}'.format(
+                               build['kept_broken']), kept=build['kept_broken']))
+    for f in findings.get('interpreter') or []:
+        items.append(_item('venv', f.get('check'), f.get('msg'), fix=f.get('fix')))
+    for f in findings.get('startup_files') or []:
+        items.append(_item('venv', 'startup_file', '{0} in site-packages runs at every start ({1}) and no distribution '
+                           'installed it: a repair moves it aside'.format(f['path'], '; '.join(f.get('lines') or [])
+                                                                        or f['kind'])))
     for b in findings.get('broken_distributions') or []:
         items.append(_item('venv', 'broken_distribution', '{0} {1}: {2} file(s) missing, {3} changed'.format(
             b['name'], b['version'], len(b['missing']), len(b['modified'])), files=b['missing'] + b['modified']))

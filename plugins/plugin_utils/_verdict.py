@@ -104,10 +104,12 @@ def problems(audit, result):
 
 
 def audit_count(findings):
-    """How many findings a venv audit has (its broken distributions, collisions, unresolved libraries, drift)."""
+    """How many findings a venv audit has (whether it starts, its startup files, broken distributions, collisions,
+    unresolved libraries, drift)."""
     findings = findings or {}
     drift = findings.get('drift') or {}
-    kinds = ('broken_distributions', 'collisions', 'unresolved_libraries', 'failed_imports', 'missing_requirements')
+    kinds = ('broken_distributions', 'collisions', 'unresolved_libraries', 'failed_imports', 'missing_requirements',
+             'interpreter', 'startup_files')
     return sum(len(findings.get(k) or []) for k in kinds) + sum(len(v) for v in drift.values())
 
 

@@ -109,6 +109,12 @@ def render(vmid, config, lab, cgroup_v2, rootfs_lower, passthrough, cpus=None):
     lines += ['lxc.arch = amd64',
               'lxc.uts.name = {0}'.format(config.get('hostname') or 'CT{0}'.format(vmid)),
               'lxc.rootfs.path = overlay:{0}:{1}'.format(rootfs_lower, os.path.join(ct_dir, 'delta0')),
+              # An unprivileged container's overlay is mounted in its user namespace, where the kernel cannot set the
+              # trusted.overlay.* xattrs of whiteouts and opaque directories: without userxattr (user.overlay.*),
+              # removing a directory of the base fails with EIO, and dpkg with it (a package's prerm removing its
+              # __pycache__). PVE's rootfs is a real filesystem; what this layer still cannot do (rename a directory
+              # of the base: EXDEV, as userxattr allows no redirect_dir) is said in docs/lab.md.
+              ] + (['lxc.rootfs.options = userxattr'] if unpriv else []) + [
               'lxc.console.logfile = {0}'.format(os.path.join(ct_dir, 'console.log')),
               'lxc.signal.halt = SIGRTMIN+3',
               'lxc.apparmor.profile = unconfined']
