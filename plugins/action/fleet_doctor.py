@@ -89,6 +89,10 @@ class ActionModule(ControllerAction):
                 looked = dict((node, dict((r.get('item'), r) for r in host_var(
                     hostvars, node, 'gpu_container_doctor_templates', {}).get('results') or [])) for node in nodes)
                 rows.extend(self.new_containers(args['plan'], args['changes'], client, looked))
+            for node in nodes:
+                asked = host_var(hostvars, node, 'gpu_container_doctor_pythons', {})
+                rows.extend(_doctor.python_rows(node, asked.get('stdout') if asked.get('rc') == 0 else None,
+                                                args['fleet']))
         out = {'ready': _doctor.ready(rows), 'rows': rows}
         try:
             written, _removed = _reports.write_all(args['report_dir'], {'doctor': out})

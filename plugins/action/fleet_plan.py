@@ -11,7 +11,7 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _pve, _pve_options
 from ansible_collections.gpufleet.proxmox.plugins.modules.fleet_plan import ARGUMENT_SPEC
-from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _fleet
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _fleet, _profile
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils._action import ControllerAction, host_var
 
 
@@ -30,6 +30,22 @@ def nodes_seen(hostvars, nodes):
                      'control': sorted(control) if isinstance(control, dict) else None,
                      'driver': host_var(hostvars, name, 'gpu_node_driver', {}).get('path') or '',
                      'shares': host_var(hostvars, name, 'gpu_node_shared', [])}
+    return out
+
+
+def profiles(containers, default, profiles_dir):
+    """{profile as an entry names it ('' for default): {name, dir, pythons}} of the venv profiles the fleet uses, read
+    on the controller (a profile that cannot be read is left to the venv build, which names it)."""
+    named = set(e.get('venv_profile') or '' for e in containers or [] if isinstance(e, dict))
+    out = {}
+    for key in named:
+        if not isinstance(key, str):
+            continue
+        path = _profile.directory(key or default, profiles_dir)
+        try:
+            out[key] = {'name': key or default, 'dir': path, 'pythons': _profile.pythons(_profile.read_meta(path))}
+        except ValueError:
+            continue
     return out
 
 
@@ -65,7 +81,8 @@ class ActionModule(ControllerAction):
                              gpu_sharing=args['gpu_sharing'], driver_mount=args['driver_mount'],
                              override=args['override'], gpu_mode=args['gpu_mode'], gpu_gid=args['gpu_gid'],
                              tag=args['tag'],
-                             remove_confirm=None if self._task.check_mode else args['remove_confirm'])
+                             remove_confirm=None if self._task.check_mode else args['remove_confirm'],
+                             profiles=profiles(args['containers'], args['venv_profile'], args['venv_profiles_dir']))
         # what a role leaves out of the connection options (omit) is not an option
         api = dict((k, v) for k, v in args['api'].items()
                    if not (isinstance(v, str) and v.startswith('__omit_place_holder__')))

@@ -51,11 +51,11 @@ from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.lookup import LookupBase
 from ansible.utils.display import Display
 
-import yaml
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _profile
 
 display = Display()
 
-FILES = ('profile.yml', 'requirements.lock')
+FILES = _profile.FILES
 _READ = {}
 
 
@@ -84,9 +84,9 @@ class LookupModule(LookupBase):
 
     @staticmethod
     def _load(term, found):
-        with open(os.path.join(found, 'profile.yml'), 'rb') as fh:
-            meta = yaml.safe_load(fh) or {}
-        if not isinstance(meta, dict):
+        try:
+            meta = _profile.read_meta(found)
+        except ValueError:
             raise AnsibleLookupError('torch_venv_profile: {0}/profile.yml is not a mapping'.format(term))
         with open(os.path.join(found, 'requirements.lock'), 'rb') as fh:
             lock = to_text(fh.read())

@@ -49,6 +49,22 @@ class BuildError(Exception):
         self.details = details
 
 
+class PythonNotLocked(ValueError):
+    """The container's Python is not one the profile's lock was made for; finding says so, and how to lock it."""
+
+    def __init__(self, finding):
+        ValueError.__init__(self, '{0}; fix: {1}'.format(finding['msg'], finding['fix']))
+        self.finding = finding
+
+
+def not_locked(profile, wanted, python, have):
+    """The finding of a container whose Python (have, of the interpreter python) no version of wanted covers."""
+    return {'check': 'python_not_locked', 'msg': 'the profile {0} is locked for Python {1}, but this container\'s '
+            '{2} is Python {3}'.format(profile or '(given)', ', '.join(wanted), python, have),
+            'fix': 'lock the profile for {0} too: add "{0}" to python in its profile.yml, then gpufleet profile lock '
+            '<its directory>'.format('.'.join(have.split('.')[:2]))}
+
+
 class RepairError(BuildError):
     """A step of the active venv's repair failed, or the repaired venv still has findings or does not import."""
 
@@ -518,7 +534,17 @@ def deploy(req):
     if req.link_mode == 'hardlink':
         check_same_mount(req.root, req.cache_dir)
     store = Store(req.root, req.link)
-    result, built_report = deploy_venv(store, req, env)
+    try:
+        result, built_report = deploy_venv(store, req, env)
+    except PythonNotLocked as e:
+        if not req.check or not store.active():
+            raise
+        # a check run reports it and audits the venv that is active (made for another Python, it cannot start)
+        current = store.active()
+        result, built_report = {'changed': False, 'built': False, 'switched': False, 'previous': current,
+                                'removed': [], 'timings': {}, 'link': store.link, 'id': current,
+                                'venv': store.path(current), 'meta': (store.marker(current) or {}).get('meta', {}),
+                                'python_not_locked': e.finding}, None
     if req.audit and not (req.check and (result['built'] or result['switched'])):
         venv = result['venv']
         own = os.path.join(venv, LOCK_COPY)
@@ -571,10 +597,9 @@ def deploy_venv(store, req, env):
         phases(lock_text, req.overrides)  # validates before anything changes
         interpreter = python_version(req.python)
         have = interpreter.split()[1] if len(interpreter.split()) > 1 else ''
-        wanted = req.python_version_wanted
-        if wanted and not (have + '.').startswith(str(wanted) + '.'):
-            raise ValueError('python_version: the lock is for Python {0}, but {1} is Python {2}'.format(
-                wanted, req.python, have))
+        wanted = [str(w) for w in req.python_version_wanted or ()]
+        if wanted and not any((have + '.').startswith(w + '.') for w in wanted):
+            raise PythonNotLocked(not_locked((req.meta or {}).get('profile'), wanted, req.python, have))
         vid = venv_id(lock_text, req.overrides, interpreter)
     result.update(id=vid, venv=store.path(vid), meta=(store.marker(vid) or {}).get('meta', req.meta or {}))
     need_build = not req.rollback and not store.complete(vid)

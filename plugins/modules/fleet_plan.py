@@ -91,6 +91,18 @@ options:
     type: list
     elements: int
     default: []
+  venv_profile:
+    description:
+      - The venv profile of the entries that name none (C(torch_venv_profile)), a shipped one's name or a directory.
+        Each entry's template is held to its profile's Pythons - a template whose Python (C(debian-12-standard)
+        3.11, C(ubuntu-24.04-standard) 3.12, C(debian-13-standard) 3.13) the profile's lock is not for is refused,
+        naming the profile to lock for it.
+    type: str
+    default: default
+  venv_profiles_dir:
+    description: Where profiles named by name are (C(torch_venv_profiles_dir)); empty - the collection's own.
+    type: str
+    default: ''
   api:
     description:
       - The PVE API connection (M(gpufleet.proxmox.lxc_container)'s C(api_*) options, C(validate_certs), C(ca_path)),
@@ -201,6 +213,8 @@ ARGUMENT_SPEC = {
     'tag': {'type': 'str', 'default': ''},
     'remove_confirm': {'type': 'list', 'elements': 'int', 'default': []},
     'api': {'type': 'dict', 'default': {}, 'no_log': True},
+    'venv_profile': {'type': 'str', 'default': 'default'},
+    'venv_profiles_dir': {'type': 'str', 'default': ''},
 }
 
 

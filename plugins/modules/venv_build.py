@@ -66,8 +66,12 @@ options:
     type: path
     default: /usr/bin/python3
   python_version:
-    description: The Python version the lock was made for (V(3.11)); any other interpreter is refused.
-    type: str
+    description:
+      - The Python versions the lock was made for (V(3.11), or a list such as V([3.11, 3.12, 3.13])); an interpreter of
+        any other version is refused, naming the profile to make a lock for it (in check mode, the result's
+        RV(python_not_locked) says so, and the active venv is still audited).
+    type: list
+    elements: str
   uv:
     description: The uv executable.
     type: path
@@ -255,6 +259,24 @@ repair_audit:
   description: The active venv's audit after its repair (healthy).
   returned: when repaired
   type: dict
+rebuilt:
+  description:
+    - Whether the active venv could not start (its audit's C(rebuild) says why) and was built again from its lock
+      beside itself, audited and imported, then switched to (would be, in check mode): its installers need its
+      interpreter, so it cannot be repaired in place.
+  returned: with O(repair=true), where the audit found anything
+  type: bool
+kept_broken:
+  description: Where the venv that could not start is kept for inspection (C(<id>.broken) beside the venvs).
+  returned: when rebuilt
+  type: str
+python_not_locked:
+  description:
+    - In check mode, where the container's Python is not one O(python_version) lists - C(check), C(msg) (the
+      profile, the versions its lock covers and the container's) and C(fix) (the command that makes its lock).
+      Outside check mode, the module fails with that message.
+  returned: when the container's Python is not locked
+  type: dict
 lock_written:
   description: Whether O(lock_content) was (would be, in check mode) written to O(lock); false without it.
   returned: always
@@ -296,7 +318,7 @@ ARGUMENT_SPEC = dict(
     install_args=dict(type='list', elements='str', default=[]), cache_dir=dict(type='path'),
     imports=dict(type='list', elements='str', default=['torch']), keep=dict(type='int', default=2),
     rollback=dict(type='bool', default=False), timeout=dict(type='int', default=3600),
-    python_version=dict(type='str'), meta=dict(type='dict', default={}), lock_content=dict(type='str'),
+    python_version=dict(type='list', elements='str'), meta=dict(type='dict', default={}), lock_content=dict(type='str'),
     uv_version=dict(type='str'), uv_find_links=dict(type='path'), audit=dict(type='bool', default=False),
     repair=dict(type='bool', default=False), link_mode=dict(type='str', default='copy', choices=['copy', 'hardlink']),
     audit_mode=dict(type='str', default='fast', choices=['fast', 'full']), defer=dict(type='bool', default=False),

@@ -7,24 +7,21 @@ does not start), the container is asked, with a shell and no Python, what is wro
 back (diagnose); a repair run puts it back with the container's own package manager (repair)."""
 
 
+import os
 import re
 import shlex
 
 # Asked in the container with sh (no Python): the interpreter's link and what it leads to, whether it starts, the
-# packages that hold Python (dpkg's status of each), the distribution.
-PROBE = r'''p=$1
-if [ -L "$p" ]; then echo "link=$(readlink "$p")"; fi
-if [ -e "$p" ]; then
-  echo exists=1
-  out=$("$p" -c 'import encodings, sys; print("%d.%d" % sys.version_info[:2])' 2>&1); echo "rc=$?"
-  printf 'out=%s\n' "$(printf '%s' "$out" | tail -n 1)"
-fi
-if command -v dpkg-query >/dev/null 2>&1; then
-  dpkg-query -W -f='pkg=${Package} ${db:Status-Abbrev}\n' python3 python3-minimal 'python3.[0-9]*' \
-    'libpython3.[0-9]*-minimal' 'libpython3.[0-9]*-stdlib' 2>/dev/null
-fi
-if [ -r /etc/os-release ]; then . /etc/os-release; echo "os=$ID $VERSION_ID"; fi
-'''
+# packages that hold Python (dpkg's status of each), the distribution. The script is the gpu_container role's file,
+# which the doctor runs too.
+PROBE_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'roles',
+                          'gpu_container', 'files', 'python-probe.sh')
+
+
+def probe():
+    with open(PROBE_FILE) as fh:
+        return fh.read()
+
 
 # The packages of Python in Debian and Ubuntu: what an install of python3 brings, and the per-version ones.
 PYTHON_PACKAGE = re.compile(r'^(python3|python3-minimal|python3\.\d+|python3\.\d+-minimal|libpython3\.\d+-(?:minimal|stdlib))$')
@@ -42,6 +39,19 @@ def interpreter_of(action, task_vars):
     if used:
         return used.lstrip('#!').split()[0]
     return (task_vars or {}).get('ansible_python_interpreter') or '/usr/bin/python3'
+
+
+def each(text):
+    """The doctor's run of the probe over a node's running containers (each one's answer after a line '== <vmid>') as
+    {vmid: its answer}."""
+    out, vmid = {}, None
+    for line in (text or '').splitlines():
+        if line.startswith('== ') and line[3:].strip().isdigit():
+            vmid = int(line[3:].strip())
+            out[vmid] = ''
+        elif vmid is not None:
+            out[vmid] += line + '\n'
+    return out
 
 
 def parse(text, python):
@@ -87,7 +97,7 @@ def finding(found):
         # the packages dpkg says are installed (their files may be gone), and python3 itself where it is not
         packages = ['python3'] + sorted(p for p in set(found['packages']) if p != 'python3')
         repair = 'apt-get install --reinstall -y ' + ' '.join(packages)
-        fix = 'reinstall it in the container: {0} (a repair run does it)'.format(repair)
+        fix = 'reinstall it in the container: {0} (gpufleet drift --fix does it)'.format(repair)
     else:
         fix = 'reinstall python3 in the container with its package manager'
     return {'check': 'container_python', 'msg': msg, 'fix': fix, 'repair': repair, 'found': found}
@@ -96,7 +106,7 @@ def finding(found):
 def diagnose(action, python):
     """What is wrong with the container's Python, asked over the task's connection with sh: its finding, or None
     where it starts (then the module failed for another reason)."""
-    out = action._low_level_execute_command('/bin/sh -c {0} sh {1}'.format(shlex.quote(PROBE), shlex.quote(python)),
+    out = action._low_level_execute_command('/bin/sh -c {0} sh {1}'.format(shlex.quote(probe()), shlex.quote(python)),
                                             sudoable=True)
     return finding(parse(out.get('stdout'), python))
 

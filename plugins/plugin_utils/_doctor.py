@@ -7,6 +7,8 @@ tasks'. A row that is not ok stops a first run; its fix says what to do."""
 
 import re
 
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _container_python
+
 GIB = 1024 ** 3
 
 # What discovery finds that a site run makes or mends by itself (gpu_node): not a reason to wait.
@@ -176,6 +178,21 @@ def python_row(node, volid, looked):
                'check the file on the node: tar -tf "$(pvesm path {0})" (zstd, xz or gzip installed)'.format(volid))
 
 
+def python_rows(node, answered, fleet):
+    """Whether the Python of each running container of the fleet on node starts (answered: the node's run of the
+    python probe over them, None where it did not run), one row each, named by its hostname in fleet (the
+    definition's entries)."""
+    names = dict((e.get('vmid'), e.get('hostname')) for e in fleet or [] if isinstance(e, dict) and e.get('hostname'))
+    rows = []
+    for vmid, text in sorted(_container_python.each(answered).items()):
+        found = _container_python.parse(text, '/usr/bin/python3')
+        bad = _container_python.finding(found)
+        where = '{0} (CT {1} on {2})'.format(names.get(vmid, 'CT {0}'.format(vmid)), vmid, node)
+        rows.append(row(where, 'container python', not bad, bad['msg'] if bad else 'Python {0} starts'.format(
+            found['version']), bad['fix'] if bad else ''))
+    return rows
+
+
 def changes_row(result):
     """What the fleet's check run would do (lxc_container's containers and orphans, in check mode), as one row."""
     counts = {}
@@ -191,11 +208,12 @@ def changes_row(result):
             count('change')
         if c.get('power'):
             count(c['power'])
-    said = ', '.join('{0} {1}'.format(what, n) for what, n in sorted(counts.items())) or 'nothing to change'
+    said = ('a run would ' + ', '.join('{0} {1}'.format(what, n) for what, n in sorted(counts.items()))
+            if counts else 'a run would change nothing')
     orphans = result.get('orphans') or []
     if orphans:
         said += '; {0} orphan(s) left alone ({1})'.format(len(orphans), ', '.join(str(o['vmid']) for o in orphans))
-    return row('fleet', 'plan', True, 'a run would ' + said)
+    return row('fleet', 'plan', True, said)
 
 
 def ready(rows):

@@ -83,6 +83,9 @@ def container(driver=None, build=None, report=None):
         items.append(_item('venv', 'active', 'the active venv is not its lock\'s: switch to {0}'.format(build.get('id'))))
     elif build and build.get('lock_written'):
         items.append(_item('venv', 'lock_file', 'the lock file in the container is not the profile\'s'))
+    unlocked = (build or {}).get('python_not_locked')
+    if unlocked:
+        items.append(_item('venv', 'python_not_locked', unlocked['msg'], fix=unlocked['fix']))
     python = (build or {}).get('container_python') or (build or {}).get('python_repaired')
     if python:
         items.append(_item('container', 'python', python['msg'], fix=python['fix']))

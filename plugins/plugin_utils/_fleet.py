@@ -13,6 +13,7 @@ import re
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_devices, _pvecheck
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._pve import pve_version, use_token
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _profile
 
 # Device nodes every GPU container gets besides its /dev/nvidiaN.
 ENTRY_KEYS = ('vmid', 'hostname', 'node', 'gpus', 'cores', 'memory', 'swap', 'rootfs', 'net', 'template',
@@ -318,8 +319,10 @@ class Fleet(object):
     gpu_mode, gpu_gid: how the GPUs' device nodes are made in every container whose entry does not say (devN)."""
 
     def __init__(self, containers, nodes, defaults=None, passthrough='auto', gpu_sharing=False, driver_mount='',
-                 override=None, gpu_mode=GPU_MODE, gpu_gid=None, tag='', remove_confirm=None):
+                 override=None, gpu_mode=GPU_MODE, gpu_gid=None, tag='', remove_confirm=None, profiles=None):
         self.nodes = nodes or {}
+        # {profile as an entry names it ('' for the default): {dir, pythons}} (or {dir, error}) of the venv profiles
+        self.profiles = profiles or {}
         # GPUs named by UUID or PCI bus id, as the indexes their nodes have for them in this run
         self.containers = [by_index(e, named_gpus(self.nodes.get(e.get('node'), {}).get('gpus')))
                            if isinstance(e, dict) and isinstance(e.get('node'), str) else e
@@ -357,9 +360,28 @@ class Fleet(object):
             ('gpu_mode', _gpu_mode, self.gpu_mode), ('gpu_gid', _gpu_gid, self.gpu_gid), ('tag', _tag, self.tag))
             if check(key, value)]
         problems += errors(self.containers, self.gpus, pve, is_root_password, self.gpu_sharing, self.passthrough)
+        problems += self.unlocked()
         problems += self.unconfirmed()
         if problems:
             raise FleetError(problems)
+
+    def unlocked(self):
+        """Each entry whose template brings a Python (_profile.template_python) that its venv profile's lock is not
+        for: its venv cannot be built, so it is refused before anything changes, naming the profile to lock."""
+        out = []
+        for i, e in enumerate(self.containers if isinstance(self.containers, list) else []):
+            if not isinstance(e, dict) or e.get('state') == 'absent':
+                continue
+            template = e.get('template') or self.defaults.get('ostemplate')
+            python = _profile.template_python(template)
+            profile = self.profiles.get(e.get('venv_profile') or '') or {}
+            if python and profile.get('pythons') and python not in profile['pythons']:
+                out.append('containers[{0}] (vmid {1}).venv_profile: the profile {2} is locked for Python {3}, but the '
+                           'template {4} brings Python {5}: {6}'.format(
+                               i, e.get('vmid'), profile['name'], ', '.join(profile['pythons']),
+                               str(template).rsplit('/', 1)[-1], python,
+                               _profile.relock_fix(profile['name'], python, profile['dir'])))
+        return out
 
     def unconfirmed(self):
         """Each entry with state absent that the run would destroy without its vmid in remove_confirm."""

@@ -1,6 +1,10 @@
 """Venv profiles: a directory holding the input (pyproject.toml), its hash-locked lock (requirements.lock,
-written by `uv pip compile --generate-hashes` for the profile's Python and platform) and profile.yml (the
-declared overrides, install arguments and what verify expects).
+written by `uv pip compile --generate-hashes` for each of the profile's Pythons on its platform) and profile.yml
+(the Pythons and platform the lock is for, the declared overrides, install arguments and what verify expects).
+
+One lock serves every Python the profile lists: it is resolved for each of them, the resolutions must pin the same
+versions (a profile whose packages differ by Python is split into one profile per Python), and it holds the hashes
+of every one's wheels, so that a container installs the wheel of its own Python and no other.
 
     gpufleet profile lock DIR [--find-links WHEELHOUSE]   regenerate DIR/requirements.lock
     gpufleet profile check DIR                            input and lock agree
@@ -31,18 +35,95 @@ def uv():
     return here if os.path.exists(here) else shutil.which('uv') or 'uv'
 
 
-def lock_argv(directory, find_links=None):
-    """The one command that regenerates a profile's lock (offline from a wheelhouse with find_links)."""
+PYTHON = re.compile(r'^3\.\d+$')
+
+
+def pythons(meta):
+    """The Pythons (X.Y) a profile's lock is for (the collection's reading of profile.yml's python)."""
+    from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _profile
+    collection_venv()  # the collection on the path
+    return _profile.pythons(meta)
+
+
+def lock_argv(directory, python, output, find_links=None, constraints=None):
+    """The command that resolves a profile's input for one of its Pythons into output (offline from a wheelhouse
+    with find_links; held to the versions of a constraints file where given)."""
     meta = load(directory)
     shown = 'gpufleet profile lock {0}'.format(os.path.relpath(directory))
     argv = [uv(), 'pip', 'compile', os.path.join(directory, 'pyproject.toml'), '--generate-hashes', '--quiet',
-            '--python-version', str(meta['python']), '--python-platform', meta['platform'],
-            '--output-file', os.path.join(directory, 'requirements.lock')]
+            '--python-version', python, '--python-platform', meta['platform'], '--output-file', output]
+    if constraints:
+        argv += ['--constraint', constraints]
     if find_links:
         # The sources' explicit indexes are not reachable then: resolve from the wheelhouse alone.
         argv += ['--no-sources', '--no-index', '--find-links', find_links]
         shown += ' --find-links {0}'.format(find_links)
     return argv + ['--custom-compile-command', shown]
+
+
+def merge(locks):
+    """One lock from the resolutions of several Pythons ({python: lock text}, in order): the first's text with each
+    requirement's hashes the union of all of them. Raises ValueError naming every package whose pin differs between
+    them (or that one of them lacks)."""
+    parse = collection_venv().parse_lock
+    order = list(locks)
+    pins = dict((py, dict((r['key'], r) for r in parse(text)[1] if r['key'])) for py, text in locks.items())
+    first = pins[order[0]]
+    problems = []
+    for key in sorted(set().union(*(set(p) for p in pins.values()))):
+        seen = dict((py, pins[py][key]['version'] if key in pins[py] else None) for py in order)
+        if len(set(seen.values())) > 1:
+            problems.append('{0}: {1}'.format(key, ', '.join('{0} for Python {1}'.format(v or 'nothing', py)
+                                                              for py, v in seen.items())))
+    if problems:
+        raise ValueError('the resolutions differ by Python ({0}): make one profile per Python'.format(
+            '; '.join(problems)))
+    canon, out = collection_venv().canon, []
+    for line in locks[order[0]].splitlines():
+        if line.startswith('    --hash='):
+            continue  # each requirement's hashes are written after its pin, those of every resolution
+        out.append(line)
+        pin = PIN_LINE.match(line)
+        if pin and canon(pin.group(1)) in first:
+            hashes = sorted(set(h for py in order for h in pins[py][canon(pin.group(1))]['hashes']))
+            out[-1] = line if line.endswith('\\') else line + ' \\'
+            out += ['    --hash={0}{1}'.format(h, ' \\' if i < len(hashes) - 1 else '') for i, h in enumerate(hashes)]
+    return '\n'.join(out) + '\n'
+
+
+PIN_LINE = re.compile(r'^([A-Za-z0-9][A-Za-z0-9._-]*)==\S+')
+
+
+def lock(directory, find_links=None):
+    """Resolve the profile for each of its Pythons and write the merged lock (merge). The first Python's resolution
+    is free; the others are held to its versions (a newer release that only newer Pythons install is not taken), so
+    that where one set of versions serves them all, the lock has it. 0 when it was written."""
+    import tempfile
+    meta = load(directory)
+    texts = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        held = os.path.join(tmp, 'held.txt')
+        for python in pythons(meta):
+            out = os.path.join(tmp, python + '.lock')
+            argv = lock_argv(directory, python, out, find_links, held if texts else None)
+            if subprocess.run(argv, check=False).returncode != 0:
+                print('{0}: resolving for Python {1} failed'.format(directory, python), file=sys.stderr)
+                return 1
+            with open(out) as fh:
+                texts[python] = fh.read()
+            if len(texts) == 1:
+                with open(held, 'w') as fh:
+                    fh.writelines('{0}=={1}\n'.format(r['name'], r['version'])
+                                  for r in collection_venv().parse_lock(texts[python])[1] if r['key'])
+    try:
+        merged = merge(texts)
+    except ValueError as e:
+        print('{0}: {1}'.format(directory, e), file=sys.stderr)
+        return 1
+    head = '# Resolved for Python {0} on {1}; one lock for all of them.\n'.format(', '.join(texts), meta['platform'])
+    with open(os.path.join(directory, 'requirements.lock'), 'w') as fh:
+        fh.write(merged.replace('\n', '\n' + head, 1) if merged.startswith('#') else head + merged)
+    return 0
 
 
 def collection_venv():
@@ -112,15 +193,16 @@ def check(directory):
     for key in ('python', 'platform', 'expect'):
         if key not in meta:
             problems.append('profile.yml: {0} is missing'.format(key))
+    bad = [v for v in pythons(meta) if not PYTHON.match(v)]
+    if 'python' in meta and (bad or not pythons(meta)):
+        problems.append('profile.yml: python must be Python versions such as "3.11" (or a list of them), got {0!r}'.format(
+            meta['python']))
     return problems
 
 
 def main(args):
-    if args.action == 'lock':
-        argv = lock_argv(args.directory, args.find_links)
-        done = subprocess.run(argv, check=False)
-        if done.returncode != 0:
-            return 1
+    if args.action == 'lock' and lock(args.directory, args.find_links) != 0:
+        return 1
     problems = check(args.directory)
     for p in problems:
         print('{0}: {1}'.format(args.directory, p), file=sys.stderr)

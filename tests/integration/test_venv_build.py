@@ -120,8 +120,10 @@ def test_bad_input_is_refused_before_anything_changes(build, tmp_path, wheels):
     assert 'overrides: fake-rt-cu13 is not in the lock' in res['msg']
     assert not (tmp_path / 'venvs').exists()
 
-    res = build(lock(wheels, tmp_path / 'a.lock', *STACK), fail=True, python_version='2.7')
-    assert 'python_version: the lock is for Python 2.7, but {0} is Python 3.'.format(sys.executable) in res['msg']
+    res = build(lock(wheels, tmp_path / 'a.lock', *STACK), fail=True, python_version=['2.7', '3.99'])
+    assert "is locked for Python 2.7, 3.99, but this container's {0} is Python 3.".format(sys.executable) in res['msg']
+    assert 'fix: lock the profile for {0}.{1} too: add "{0}.{1}" to python in its profile.yml'.format(
+        *sys.version_info[:2]) in res['msg']
     assert not (tmp_path / 'venvs').exists()
 
     link.mkdir()

@@ -121,7 +121,7 @@ def test_the_containers_own_python_missing_is_a_finding_and_put_back(fleet):
     assert rc == 2 and ('container', 'python') in found, result
     item = next(i for i in row['drift'] if i['item'] == 'python')
     assert item['detail'] == "the container's Python /usr/bin/python3 is missing (a link to python3.11, which is gone)"
-    assert 'apt-get install --reinstall -y python3 ' in item['fix'] and 'python3.11-minimal' in item['fix']
+    assert 'apt-get install --reinstall -y python3 ' in item['fix'] and '(gpufleet drift --fix does it)' in item['fix'] and 'python3.11-minimal' in item['fix']
     assert row['ok'] is False and items(result, 'starts-b')[1]['ok'] is True
 
     rc, result = fix(fleet)

@@ -127,9 +127,23 @@ class Containers:
                         os.makedirs(path, mode=0o755)
                         os.chown(path, owner, owner)
 
+    def set_release(self, vmid, release):
+        """The Debian release (layout.RELEASES) whose base a new container's root file system is made from (its
+        template's), kept beside the container so that it moves with it."""
+        os.makedirs(self.lab.ct_dir(vmid), exist_ok=True)
+        with open(os.path.join(self.lab.ct_dir(vmid), 'release'), 'w') as fh:
+            fh.write(release + '\n')
+
+    def release(self, vmid):
+        try:
+            with open(os.path.join(self.lab.ct_dir(vmid), 'release')) as fh:
+                return fh.read().strip() or 'bookworm'
+        except OSError:
+            return 'bookworm'
+
     def start(self, vmid, config):
         d = self.lab.ct_dir(vmid)
-        lower = self.lab.base_rootfs_unpriv if self.unprivileged(config) else self.lab.base_rootfs
+        lower = self.lab.base_rootfs_of(self.release(vmid), self.unprivileged(config))
         try:
             passthrough = self._passthrough(vmid, config, lxcconf.devices(config))
             text = lxcconf.render(vmid, config, self.lab, self.cgroup_v2, lower, passthrough,

@@ -32,7 +32,7 @@ from fakepve.server import FakePve
 
 from . import lxcconf, pveconf
 from .containers import BackendError, Containers
-from .layout import TEMPLATE, Lab, write_json
+from .layout import RELEASES, Lab, release_of, write_json
 
 # What the lab's API token may do on '/': an administrator's token, still not root@pam.
 TOKEN_PRIVILEGES = ('VM.Allocate', 'VM.Audit', 'VM.Config.CPU', 'VM.Config.Memory', 'VM.Config.Disk',
@@ -67,7 +67,8 @@ class LabPve(FakePve):
         token = '{0}!{1}'.format(creds['api_user'], creds['api_token_id'])
         self.apitokens[token] = creds['api_token_secret']
         self.grant(token, '/', *TOKEN_PRIVILEGES)
-        self.store_file('local', TEMPLATE, 130 * 1024 ** 2, content='vztmpl')
+        for about in RELEASES.values():
+            self.store_file('local', about['template'], 130 * 1024 ** 2, content='vztmpl')
         self._ct_locks = {}
         self.node_versions = {}  # {node: version} where a node runs another version than the API's node
         self._migrating = {}  # {vmid: target} of the migrations asked for, until their task runs
@@ -241,6 +242,8 @@ class LabPve(FakePve):
                     # the template is unpacked on the container's node, from that node's own storage
                     self._drop(self.ct(vmid))
                     raise TaskError("unable to create CT {0} - volume '{1}' does not exist".format(vmid, volid))
+                # the root file system is the template's: the lab's base of the release it names
+                source.set_release(vmid, release_of(volid))
             if ttype == 'vzmigrate':
                 why = self.migrate_refusal(self.ct(vmid), self._migrating.pop(vmid, None))
                 if why:

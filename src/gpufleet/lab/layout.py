@@ -13,7 +13,14 @@ import re
 from dataclasses import dataclass, field, replace
 
 NODE = 'pve1'
-TEMPLATE = 'debian-12-standard_12.12-1_amd64.tar.zst'
+# The container templates every lab node offers, each backed by a Debian base of its release and named as PVE's
+# appliance index names them (proxmox/dab-pve-appliances: debian-12-bookworm-std-64 and debian-13-trixie-std-64,
+# dab.conf Name and Version), with the Python its python3 is (Debian's python3-defaults: bookworm 3.11, trixie 3.13).
+RELEASES = {
+    'bookworm': {'template': 'debian-12-standard_12.12-1_amd64.tar.zst', 'debian': '12', 'python': '3.11'},
+    'trixie': {'template': 'debian-13-standard_13.1-2_amd64.tar.zst', 'debian': '13', 'python': '3.13'},
+}
+TEMPLATE = RELEASES['bookworm']['template']  # the one the lab's fleets use
 BRIDGE = 'vmbr0'
 SUBNET_PREFIX = '10.77.0'
 GATEWAY = SUBNET_PREFIX + '.1'
@@ -189,13 +196,20 @@ class Lab:
         return self.path('host.json')
 
     # -- cache -----------------------------------------------------------
+    def base_dir(self, release='bookworm'):
+        """The Debian base of a release (RELEASES): rootfs, and rootfs-unpriv owned by the unprivileged range."""
+        return os.path.join(self.cache, 'base' if release == 'bookworm' else 'base-' + release)
+
+    def base_rootfs_of(self, release, unprivileged):
+        return os.path.join(self.base_dir(release), 'rootfs-unpriv' if unprivileged else 'rootfs')
+
     @property
     def base_rootfs(self):
-        return os.path.join(self.cache, 'base', 'rootfs')
+        return self.base_rootfs_of('bookworm', False)
 
     @property
     def base_rootfs_unpriv(self):
-        return os.path.join(self.cache, 'base', 'rootfs-unpriv')
+        return self.base_rootfs_of('bookworm', True)
 
     @property
     def wheel_cache(self):
@@ -215,6 +229,13 @@ class Lab:
 
     def save_record(self, data):
         write_json(self.host_record, data)
+
+
+def release_of(volid):
+    """The lab release (RELEASES) a template volume is made from: the one whose template file it names, else
+    bookworm (a template the lab does not know is one of its own files, made from the Debian 12 base)."""
+    name = str(volid or '').rsplit('/', 1)[-1]
+    return next((release for release, r in RELEASES.items() if r['template'] == name), 'bookworm')
 
 
 def write_json(path, data, mode=0o644):

@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
-from ..layout import TEMPLATE, UNPRIV_BASE, UNPRIV_RANGE, UV_PIN
+from ..layout import RELEASES, UNPRIV_BASE, UNPRIV_RANGE, UV_PIN
 
 from ._util import LabError, _read, sh
 
@@ -18,7 +18,8 @@ from ._util import LabError, _read, sh
 BASE_PACKAGES = ('systemd-sysv', 'python3', 'ca-certificates', 'iproute2', 'procps')
 
 
-BASE_STAMP = 'bookworm minbase ' + ' '.join(BASE_PACKAGES)
+def base_stamp(release):
+    return '{0} minbase {1}'.format(release, ' '.join(BASE_PACKAGES))
 
 
 DEBIAN_MIRROR = os.environ.get('GPUFLEET_LAB_MIRROR', 'http://deb.debian.org/debian')
@@ -81,27 +82,28 @@ def remove_subids(record):
 
 # -- the Debian base --------------------------------------------------------------
 def ensure_base(lab, say):
-    """Debian 12 minbase with systemd and python3, built once with debootstrap, plus a copy owned
-    by the unprivileged id range.  Both live in the cache and survive `down`."""
-    stamp = os.path.join(os.path.dirname(lab.base_rootfs), 'stamp')
-    if _read(stamp) != BASE_STAMP or not os.path.isfile(os.path.join(lab.base_rootfs_unpriv, 'sbin', 'init')):
-        say('building the Debian 12 base with debootstrap (once; about 90 s)')
-        parent = os.path.dirname(lab.base_rootfs)
-        tmp = lab.base_rootfs + '.tmp'
-        for path in (tmp, lab.base_rootfs, lab.base_rootfs_unpriv):
+    """For each release the lab offers (RELEASES: Debian 12 and 13), a minbase with systemd and python3, built once
+    with debootstrap, plus a copy owned by the unprivileged id range. Both live in the cache and survive `down`."""
+    for release, about in sorted(RELEASES.items(), key=lambda r: r[1]['debian']):
+        rootfs, unpriv = lab.base_rootfs_of(release, False), lab.base_rootfs_of(release, True)
+        stamp = os.path.join(lab.base_dir(release), 'stamp')
+        if _read(stamp) == base_stamp(release) and os.path.isfile(os.path.join(unpriv, 'sbin', 'init')):
+            continue
+        say('building the Debian {0} base with debootstrap (once; about 90 s)'.format(about['debian']))
+        tmp = rootfs + '.tmp'
+        for path in (tmp, rootfs, unpriv):
             shutil.rmtree(path, ignore_errors=True)
-        os.makedirs(parent, exist_ok=True)
-        sh(['debootstrap', '--variant=minbase', '--include=' + ','.join(BASE_PACKAGES), 'bookworm', tmp,
-            DEBIAN_MIRROR])
+        os.makedirs(lab.base_dir(release), exist_ok=True)
+        sh(['debootstrap', '--variant=minbase', '--include=' + ','.join(BASE_PACKAGES), release, tmp, DEBIAN_MIRROR])
         _prepare_base(tmp)
-        os.rename(tmp, lab.base_rootfs)
-        utmp = lab.base_rootfs_unpriv + '.tmp'
+        os.rename(tmp, rootfs)
+        utmp = unpriv + '.tmp'
         shutil.rmtree(utmp, ignore_errors=True)
-        sh(['cp', '-a', lab.base_rootfs, utmp])
+        sh(['cp', '-a', rootfs, utmp])
         shift_ids(utmp, UNPRIV_BASE)
-        os.rename(utmp, lab.base_rootfs_unpriv)
+        os.rename(utmp, unpriv)
         with open(stamp, 'w') as fh:
-            fh.write(BASE_STAMP)
+            fh.write(base_stamp(release))
 
 
 def _prepare_base(root):
@@ -182,12 +184,13 @@ def ensure_wheelhouse(lab, say):
                 shutil.copy2(path, dest)
 
 
-def make_template(path, python3=True):
+def make_template(path, python3=True, release='bookworm'):
     """A small container template at path, as `pveam download` leaves one: a zstd-compressed tar of a root file
-    system whose entries start with ./ (PVE's templates are made so). It holds Debian 12's top directories, its
-    os-release, and /usr/bin/python3 as Debian has it (a link to python3.11) unless python3 is False. The lab's
-    containers are made from its Debian base, not from this file: the file is what a node's template looks like to
-    a check that reads it (`pvesm path`, then its list of files)."""
+    system whose entries start with ./ (PVE's templates are made so). It holds the release's (RELEASES) top
+    directories, its os-release, and /usr/bin/python3 as Debian has it (a link to python3.11 in Debian 12, python3.13
+    in 13) unless python3 is False. The lab's containers are made from the release's Debian base, not from this file:
+    the file is what a node's template looks like to a check that reads it (`pvesm path`, then its list of files)."""
+    about = RELEASES[release]
     import io
     import tarfile
     import time
@@ -205,13 +208,13 @@ def make_template(path, python3=True):
             add(name)
         for name in ('bin', 'lib', 'sbin'):
             add(name, tarfile.SYMTYPE, target='usr/' + name)
-        add('etc/os-release', tarfile.REGTYPE, b'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\n'
-            b'VERSION_ID="12"\n', mode=0o644)
+        add('etc/os-release', tarfile.REGTYPE, 'PRETTY_NAME="Debian GNU/Linux {0} ({1})"\nID=debian\n'
+            'VERSION_ID="{0}"\n'.format(about['debian'], release).encode(), mode=0o644)
         add('usr/bin/sh', tarfile.SYMTYPE, target='dash')
         add('usr/bin/dash', tarfile.REGTYPE, b'\x7fELF', mode=0o755)
         if python3:
-            add('usr/bin/python3', tarfile.SYMTYPE, target='python3.11')
-            add('usr/bin/python3.11', tarfile.REGTYPE, b'\x7fELF', mode=0o755)
+            add('usr/bin/python3', tarfile.SYMTYPE, target='python' + about['python'])
+            add('usr/bin/python' + about['python'], tarfile.REGTYPE, b'\x7fELF', mode=0o755)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     part = path + '.part'
     made = subprocess.run(['zstd', '-q', '-f', '-o', part], input=data.getvalue(), stderr=subprocess.PIPE)
@@ -221,9 +224,10 @@ def make_template(path, python3=True):
 
 
 def ensure_templates(lab):
-    """Each node's template (the one fakepve lists in its storage `local`) as a file in the node's own `local`
-    storage, where `pvesm path` finds it: made where it is missing."""
+    """Each node's templates (one per release the lab offers, which fakepve lists in its storage `local`) as files in
+    the node's own `local` storage, where `pvesm path` finds them: made where they are missing."""
     for node in lab.cluster():
-        path = os.path.join(node.storage_path('local'), 'template', 'cache', TEMPLATE)
-        if not os.path.exists(path):
-            make_template(path)
+        for release, about in RELEASES.items():
+            path = os.path.join(node.storage_path('local'), 'template', 'cache', about['template'])
+            if not os.path.exists(path):
+                make_template(path, release=release)
