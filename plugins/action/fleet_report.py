@@ -46,6 +46,16 @@ class Run(object):
     def devices(self):
         return dict((n, self.var(n, 'gpufleet_gpu_devices') or {}) for n in self.nodes)
 
+    def failed(self):
+        """{container host: the message of its venv build that failed} (a repair that could not be made, a Python no
+        lock covers): why the container was not verified."""
+        out = {}
+        for h in self.containers:
+            build = self.var(h, 'torch_venv_build') or {}
+            if build.get('failed') and build.get('msg'):
+                out[h] = str(build['msg'])
+        return out
+
     def running(self):
         out = {}
         for h in self.containers:
@@ -71,7 +81,7 @@ class ActionModule(ControllerAction):
                 run = args['run'] or {}
                 reports = seen.reports(run.get('id'))
                 verdict = _verdict.fleet(reports, seen.definition, seen.reconcile, run, check_mode, seen.unreachable,
-                                         seen.gpus)
+                                         seen.gpus, seen.failed())
                 verdict['nodes'] = _verdict.nodes(seen.devices())
                 judged = set(row['host'] for row in verdict['containers'] if row['state'] in ('verified', 'failed'))
                 files = dict((r['host'], r) for r in reports if r.get('host') in judged)

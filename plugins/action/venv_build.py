@@ -29,7 +29,7 @@ def from_profile(args):
     if meta.get('python') is not None:
         filled['python_version'] = meta['python']
     filled.update(args)
-    filled.setdefault('meta', dict(profile=profile.get('name'), lock=filled.get('lock'),
+    filled.setdefault('meta', dict(profile=profile.get('name'), profile_dir=profile.get('dir'), lock=filled.get('lock'),
                                    overrides=filled['overrides'], imports=filled['imports'],
                                    expect=meta.get('expect') or {}))
     return filled

@@ -23,7 +23,7 @@ from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_de
 PROBE = r'''
 import json, os, re, sys, time, traceback
 opts = json.loads(sys.argv[1])
-out = {"timings": {}}
+out = {"timings": {}, "python_version": "%d.%d.%d" % sys.version_info[:3]}
 def done():
     sys.stdout.write("\n" + json.dumps(out) + "\n")
     sys.exit(0)
@@ -242,6 +242,9 @@ def verify(venv, params, dev_dir='/dev'):
             result['unresolved_libraries'] = audit['findings']['unresolved_libraries']
             result['broken_distributions'] = audit['findings']['broken_distributions']
             result['missing_requirements'] = audit['findings']['missing_requirements']
+            for f in audit['findings']['interpreter']:  # why the venv's Python did not start
+                failures.append({'check': 'interpreter', 'expected': 'the venv starts', 'actual': f['msg'],
+                                 'fix': f['fix']})
             for m in result['missing_requirements']:
                 failures.append({'check': 'requirement', 'expected': m['requirement'] + ' installed',
                                  'actual': 'not installed (required by {0})'.format(', '.join(m['required_by']))})

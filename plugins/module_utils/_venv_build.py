@@ -57,12 +57,14 @@ class PythonNotLocked(ValueError):
         self.finding = finding
 
 
-def not_locked(profile, wanted, python, have):
-    """The finding of a container whose Python (have, of the interpreter python) no version of wanted covers."""
+def not_locked(meta, wanted, python, have):
+    """The finding of a container whose Python (have, of the interpreter python) no version of wanted (the Pythons of
+    the profile that meta names, with its directory on the controller) covers."""
+    where = meta.get('profile_dir') or '<its directory>'
     return {'check': 'python_not_locked', 'msg': 'the profile {0} is locked for Python {1}, but this container\'s '
-            '{2} is Python {3}'.format(profile or '(given)', ', '.join(wanted), python, have),
-            'fix': 'lock the profile for {0} too: add "{0}" to python in its profile.yml, then gpufleet profile lock '
-            '<its directory>'.format('.'.join(have.split('.')[:2]))}
+            '{2} is Python {3}'.format(meta.get('profile') or '(given)', ', '.join(wanted), python, have),
+            'fix': 'lock the profile for {0} too: add "{0}" to python in {1}/profile.yml, then: gpufleet profile lock '
+            '{1}'.format('.'.join(have.split('.')[:2]), where)}
 
 
 class RepairError(BuildError):
@@ -599,9 +601,14 @@ def deploy_venv(store, req, env):
         have = interpreter.split()[1] if len(interpreter.split()) > 1 else ''
         wanted = [str(w) for w in req.python_version_wanted or ()]
         if wanted and not any((have + '.').startswith(w + '.') for w in wanted):
-            raise PythonNotLocked(not_locked((req.meta or {}).get('profile'), wanted, req.python, have))
+            raise PythonNotLocked(not_locked(req.meta or {}, wanted, req.python, have))
         vid = venv_id(lock_text, req.overrides, interpreter)
     result.update(id=vid, venv=store.path(vid), meta=(store.marker(vid) or {}).get('meta', req.meta or {}))
+    if not req.rollback and current and current != vid:
+        # the venv that is active was made for another Python (a distribution upgrade replaced the container's)
+        made_for = ((_venv.pyvenv_cfg(store.path(current)) or {}).get('version_info') or '').split('.')[:2]
+        if made_for and '.'.join(made_for) != '.'.join(have.split('.')[:2]):
+            result['python_changed'] = {'from': '.'.join(made_for), 'to': '.'.join(have.split('.')[:2])}
     need_build = not req.rollback and not store.complete(vid)
     need_switch = current != vid
     if need_switch or history[-1:] != [vid]:

@@ -111,6 +111,10 @@ recorded:
   description: Whether this passing verification was recorded in the venv (O(record_fingerprint)).
   returned: when recorded
   type: bool
+python_version:
+  description: The version of the venv's Python that ran the verification (C(3.13.5)).
+  returned: when the probe runs
+  type: str
 torch_version:
   description: C(torch.__version__).
   returned: when torch imports

@@ -77,7 +77,10 @@ def container(driver=None, build=None, report=None):
     if driver and driver.get('match') in (False, 'False') and driver.get('node_version'):
         items.append(_item('driver', 'userspace_driver', 'libcuda {0} but the node runs {1}'.format(
             driver.get('version') or 'none', driver.get('node_version'))))
-    if build and build.get('built'):
+    if build and build.get('built') and build.get('python_changed'):
+        items.append(_item('venv', 'python_changed', 'the container\'s Python is now {to}, and the active venv was made for '
+                           '{from}: build {id} for {to} from its lock'.format(id=build.get('id'), **build['python_changed'])))
+    elif build and build.get('built'):
         items.append(_item('venv', 'lock', 'no venv of its lock yet: build {0}'.format(build.get('id'))))
     elif build and build.get('switched'):
         items.append(_item('venv', 'active', 'the active venv is not its lock\'s: switch to {0}'.format(build.get('id'))))

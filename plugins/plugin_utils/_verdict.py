@@ -163,7 +163,7 @@ def nodes(devices):
                 for node, found in sorted(devices.items()) if found)
 
 
-def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachable=(), gpus=None):
+def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachable=(), gpus=None, failed=None):
     """The fleet's verification as one verdict over every container of the fleet definition, not only the ones
     this run reached. reports: the verify role's reports of this run (others, from an earlier run, are ignored
     where run is given); containers: the fleet definition's entries; reconcile: gpu_container's lxc_container
@@ -172,7 +172,8 @@ def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachabl
     was not read), unreached also where their node is in unreachable (nodes the run could not reach). Containers
     that the fleet declares stopped are listed and not counted, unless they are missing. Each row has gpus, the
     GPU indexes the container is given: gpus ({vmid: indexes}, the run's plan) where it has them, else the entry's
-    own list."""
+    own list. failed: {host: the message of the task that failed on it} - a running container without a report whose
+    task failed is failed, with that message, not unreached."""
     run, gpus = run or {}, gpus or {}
 
     def given(vmid, entry):
@@ -205,6 +206,8 @@ def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachabl
             state = 'missing'
         elif status != 'running':
             state = 'stopped'
+        elif (failed or {}).get(host):
+            state, why = 'failed', 'CT {vmid} on {node}: ' + failed[host].replace('{', '{{').replace('}', '}}')
         else:
             state = 'unreached'
         why = (why or NOT_VERIFIED[state]).format(vmid=vmid, node=node, status=status)

@@ -6,7 +6,8 @@ One lock serves every Python the profile lists: it is resolved for each of them,
 versions (a profile whose packages differ by Python is split into one profile per Python), and it holds the hashes
 of every one's wheels, so that a container installs the wheel of its own Python and no other.
 
-    gpufleet profile lock DIR [--find-links WHEELHOUSE]   regenerate DIR/requirements.lock
+    gpufleet profile lock DIR [--find-links WHEELHOUSE] [--python X.Y ...]   regenerate DIR/requirements.lock
+                                                          (for some of its Pythons only, with --python)
     gpufleet profile check DIR                            input and lock agree
 """
 
@@ -40,14 +41,15 @@ PYTHON = re.compile(r'^3\.\d+$')
 
 def pythons(meta):
     """The Pythons (X.Y) a profile's lock is for (the collection's reading of profile.yml's python)."""
-    from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _profile
     collection_venv()  # the collection on the path
+    from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _profile
     return _profile.pythons(meta)
 
 
-def lock_argv(directory, python, output, find_links=None, constraints=None):
+def lock_argv(directory, python, output, find_links=None, constraints=None, only=None):
     """The command that resolves a profile's input for one of its Pythons into output (offline from a wheelhouse
-    with find_links; held to the versions of a constraints file where given)."""
+    with find_links; held to the versions of a constraints file where given; only: the --python the lock was asked
+    for, shown in its header)."""
     meta = load(directory)
     shown = 'gpufleet profile lock {0}'.format(os.path.relpath(directory))
     argv = [uv(), 'pip', 'compile', os.path.join(directory, 'pyproject.toml'), '--generate-hashes', '--quiet',
@@ -58,6 +60,7 @@ def lock_argv(directory, python, output, find_links=None, constraints=None):
         # The sources' explicit indexes are not reachable then: resolve from the wheelhouse alone.
         argv += ['--no-sources', '--no-index', '--find-links', find_links]
         shown += ' --find-links {0}'.format(find_links)
+    shown += ''.join(' --python {0}'.format(p) for p in only or ())
     return argv + ['--custom-compile-command', shown]
 
 
@@ -94,7 +97,7 @@ def merge(locks):
 PIN_LINE = re.compile(r'^([A-Za-z0-9][A-Za-z0-9._-]*)==\S+')
 
 
-def lock(directory, find_links=None):
+def lock(directory, find_links=None, only=None):
     """Resolve the profile for each of its Pythons and write the merged lock (merge). The first Python's resolution
     is free; the others are held to its versions (a newer release that only newer Pythons install is not taken), so
     that where one set of versions serves them all, the lock has it. 0 when it was written."""
@@ -103,9 +106,15 @@ def lock(directory, find_links=None):
     texts = {}
     with tempfile.TemporaryDirectory() as tmp:
         held = os.path.join(tmp, 'held.txt')
-        for python in pythons(meta):
+        wanted = pythons(meta)
+        unknown = [p for p in only or () if p not in wanted]
+        if unknown:
+            print('{0}: --python {1}: the profile is for Python {2}'.format(directory, ', '.join(unknown),
+                                                                           ', '.join(wanted)), file=sys.stderr)
+            return 1
+        for python in [p for p in wanted if not only or p in only]:
             out = os.path.join(tmp, python + '.lock')
-            argv = lock_argv(directory, python, out, find_links, held if texts else None)
+            argv = lock_argv(directory, python, out, find_links, held if texts else None, only)
             if subprocess.run(argv, check=False).returncode != 0:
                 print('{0}: resolving for Python {1} failed'.format(directory, python), file=sys.stderr)
                 return 1
@@ -120,9 +129,12 @@ def lock(directory, find_links=None):
     except ValueError as e:
         print('{0}: {1}'.format(directory, e), file=sys.stderr)
         return 1
-    head = '# Resolved for Python {0} on {1}; one lock for all of them.\n'.format(', '.join(texts), meta['platform'])
+    head = '# Resolved for Python {0} on {1}{2}.'.format(', '.join(texts), meta['platform'],
+                                                      '; one lock for all of them' if len(texts) > 1 else '')
+    lines = merged.splitlines()
+    at = next((i + 1 for i, line in enumerate(lines[:3]) if line.startswith('#    ')), 0)  # after uv's command line
     with open(os.path.join(directory, 'requirements.lock'), 'w') as fh:
-        fh.write(merged.replace('\n', '\n' + head, 1) if merged.startswith('#') else head + merged)
+        fh.write('\n'.join(lines[:at] + [head] + lines[at:]) + '\n')
     return 0
 
 
@@ -201,7 +213,7 @@ def check(directory):
 
 
 def main(args):
-    if args.action == 'lock' and lock(args.directory, args.find_links) != 0:
+    if args.action == 'lock' and lock(args.directory, args.find_links, args.python) != 0:
         return 1
     problems = check(args.directory)
     for p in problems:

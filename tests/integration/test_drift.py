@@ -165,17 +165,18 @@ def test_a_check_reads_each_nodes_venvs_in_one_call_and_says_what_each_container
     assert result(took) == result(built), (took, built)
     assert items() == found
 
-    # a container whose module cannot run (its python gone): the same failure, from the node's call or its own
+    # a container whose module cannot run (its python gone): the same finding, from the node's call or its own (a
+    # check run reports it as what a repair would change, and goes on with the rest of the fleet)
     assert sh(B, 'mv /usr/bin/python3 /usr/bin/python3.away').returncode == 0
     try:
         failures = []
         for run, name in ((drift(tmp_path, fleet['fleet'], '--check'), TAKE),
                           (drift(tmp_path, fleet['fleet'], '--check', '-e', 'torch_venv_batch=false'), BUILD)):
-            failed = step(run, 'drift-b', name)
-            assert failed.get('failed'), failed
-            failures.append(failed['msg'])
+            found = step(run, 'drift-b', name)
+            assert not found.get('failed') and found['changed'] is True, found
+            failures.append(found['container_python']['msg'])
             assert not step(run, 'drift-a', name).get('failed')
-        assert failures[0] == failures[1] and '/usr/bin/python3' in failures[0], failures
+        assert failures[0] == failures[1] == "the container's Python /usr/bin/python3 is missing", failures
     finally:
         sh(B, 'mv /usr/bin/python3.away /usr/bin/python3')
     fix = drift(tmp_path, fleet['fleet'])

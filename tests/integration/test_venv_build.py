@@ -122,7 +122,7 @@ def test_bad_input_is_refused_before_anything_changes(build, tmp_path, wheels):
 
     res = build(lock(wheels, tmp_path / 'a.lock', *STACK), fail=True, python_version=['2.7', '3.99'])
     assert "is locked for Python 2.7, 3.99, but this container's {0} is Python 3.".format(sys.executable) in res['msg']
-    assert 'fix: lock the profile for {0}.{1} too: add "{0}.{1}" to python in its profile.yml'.format(
+    assert 'fix: lock the profile for {0}.{1} too: add "{0}.{1}" to python in <its directory>/profile.yml'.format(
         *sys.version_info[:2]) in res['msg']
     assert not (tmp_path / 'venvs').exists()
 
@@ -134,22 +134,27 @@ def test_bad_input_is_refused_before_anything_changes(build, tmp_path, wheels):
 
 
 def test_the_lab_lock_is_what_its_command_makes(lab, tmp_path):
-    """The cpu profile's lock, regenerated offline from the lab's wheelhouse, is the committed one."""
+    """The cpu profile's lock, regenerated offline from the lab's wheelhouse for Python 3.11 (the wheels it holds), is
+    the committed one: the same pins, each with the committed hashes (which add the cp312 and cp313 wheels')."""
     import shutil
     from conftest import ROOT
+    from gpufleet import profiles
     shipped = os.path.join(ROOT, 'roles', 'torch_venv', 'files', 'profiles', 'cpu')
     mine = tmp_path / 'cpu'
     shutil.copytree(shipped, mine)
     (mine / 'requirements.lock').unlink()
     gpufleet = os.path.join(os.path.dirname(sys.executable), 'gpufleet')
-    made = subprocess.run([gpufleet, 'profile', 'lock', str(mine), '--find-links', lab.wheelhouse],
+    made = subprocess.run([gpufleet, 'profile', 'lock', str(mine), '--find-links', lab.wheelhouse, '--python', '3.11'],
                           capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
-
-    def body(path):
-        with open(path) as fh:
-            return [line for line in fh if not line.lstrip().startswith('#')]
-    assert body(mine / 'requirements.lock') == body(os.path.join(shipped, 'requirements.lock'))
+    ours, committed = profiles.read_lock(str(mine / 'requirements.lock')), profiles.read_lock(
+        os.path.join(shipped, 'requirements.lock'))
+    assert ours[1] == committed[1] == [] and set(ours[0]) == set(committed[0])
+    for key, (version, hashes) in ours[0].items():
+        assert committed[0][key][0] == version and set(hashes) <= set(committed[0][key][1]), key
+    assert len(committed[0]['torch'][1]) == 3 and len(ours[0]['torch'][1]) == 1  # cp311, cp312, cp313
+    with open(os.path.join(shipped, 'requirements.lock')) as fh:
+        assert '--find-links /var/lib/gpufleet-lab/wheelhouse --python 3.11\n' in fh.read(400)
 
 
 def test_repair_applies_the_audits_plan_and_a_failed_step_is_named(build, tmp_path, wheels):

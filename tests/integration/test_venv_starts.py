@@ -71,6 +71,11 @@ def test_a_venv_without_its_interpreter_is_found_and_built_again(fleet):
     assert rc == 2 and result['exit_code'] == 2 and ('venv', 'no_interpreter') in found, result
     assert row['ok'] is False and not imports_torch(A)  # the check changed nothing and reused no verification
     assert items(result, 'starts-b')[1]['ok'] is True  # its neighbour is judged as it is
+    verify = gpufleet(fleet['home'], fleet['file'], 'verify', '--json')
+    row = next(r for r in as_json(verify)['containers'] if r['host'] == 'starts-a')
+    assert verify.returncode == 1 and row['ok'] is False
+    assert 'interpreter: expected the venv starts, got /root/venv/bin/python is missing: nothing can start the venv' \
+        in row['failures'], row
 
     rc, result = fix(fleet)
     found, row = items(result, 'starts-a')

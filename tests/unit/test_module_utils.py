@@ -543,7 +543,8 @@ def test_venv_build_takes_what_its_profile_gives_unless_the_task_gives_it():
     assert args == {'lock': '/opt/gpufleet/profiles/cu128/requirements.lock', 'keep': 1,
                     'lock_content': profile['lock'], 'python_version': '3.11', 'overrides': ['nvidia-nccl-cu13'],
                     'imports': ['torch'],
-                    'meta': {'profile': 'cu128', 'lock': '/opt/gpufleet/profiles/cu128/requirements.lock',
+                    'meta': {'profile': 'cu128', 'profile_dir': '/p/cu128',
+                             'lock': '/opt/gpufleet/profiles/cu128/requirements.lock',
                              'overrides': ['nvidia-nccl-cu13'], 'imports': ['torch'], 'expect': {'cuda': '12.8'}}}
     # what the task gives wins; a profile without python gives no python_version
     given = from_profile({'lock': '/l', 'profile': {'name': 'cpu', 'lock': 'x', 'meta': {}}, 'imports': ['numpy']})

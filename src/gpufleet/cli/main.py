@@ -22,7 +22,7 @@
     gpufleet lab node-down NODE       the node goes down: its containers and sshd stop, the cluster sees it offline
     gpufleet lab node-up NODE         the node boots again (as reboot-node's second half)
     gpufleet lab down      take the lab away, leaving nothing behind
-    gpufleet profile lock DIR [--find-links WHEELHOUSE]   regenerate a venv profile's hash-locked lock
+    gpufleet profile lock DIR [--find-links WHEELHOUSE] [--python X.Y]   regenerate a venv profile's hash-locked lock
     gpufleet profile check DIR                            a profile's input and lock agree
 """
 
@@ -97,6 +97,8 @@ def build_parser():
     profile.add_argument('action', choices=('lock', 'check'))
     profile.add_argument('directory', help='the profile directory (pyproject.toml, profile.yml)')
     profile.add_argument('--find-links', help='resolve offline from this wheelhouse only')
+    profile.add_argument('--python', action='append', metavar='X.Y',
+                         help='lock for this one of the profile\'s Pythons only (repeat it for more); default: all')
     profile.set_defaults(func=profile_command)
     return parser
 

@@ -92,7 +92,7 @@ def samples(result, command, ended, took, before=()):
             out.append(('drift_items', ids, drift_before[(ids['node'], ids['vmid'], ids['hostname'])]))
         if row.get('gpus') is not None:
             out.append(('gpus_expected', ids, len(row['gpus'])))
-        if state in ('verified', 'failed'):
+        if state in ('verified', 'failed') and 'venv_findings' in row:  # judged by its verification's report
             if row.get('devices_seen') is not None:
                 out.append(('gpus_seen', ids, row['devices_seen']))
             out.append(('venv_healthy', ids, 0 if row.get('venv_findings') else 1))

@@ -11,7 +11,7 @@ import time
 from . import host
 from .containers import Containers
 from .control import Control
-from .layout import DRIVER_VERSION, MAX_NODES, NODE, SSH_PORT, Lab, NodeError, TEMPLATE, write_json
+from .layout import DRIVER_VERSION, MAX_NODES, NODE, RELEASES, SSH_PORT, Lab, NodeError, TEMPLATE, write_json
 
 
 def _per_node(option, text, count, default):
@@ -276,6 +276,23 @@ def offer_driver(lab=None, name=None, version='580.105.08', fails_on=()):
     and the node's next boot loads it."""
     host.offer_driver(_node(lab or Lab(), name), version, fails_on)
     return version
+
+
+def upgrade_release(lab=None, vmid=None, release='trixie'):
+    """What a distribution upgrade inside a stopped container (apt full-upgrade to the next Debian) leaves, made in
+    seconds: its root file system's base is now release's (layout.RELEASES: the other Python among it), its own files
+    (its venvs, /root, /etc as it changed it) kept. It takes effect at the container's next start."""
+    lab = lab or Lab()
+    if release not in RELEASES:
+        raise NodeError('no release {0} (the lab has {1})'.format(release, ', '.join(sorted(RELEASES))))
+    for node in lab.cluster():
+        backend = Containers(node)
+        if backend.exists(vmid):
+            if backend.state(vmid) == 'running':
+                raise NodeError('CT {0} runs: stop it first'.format(vmid))
+            backend.set_release(vmid, release)
+            return release
+    raise NodeError('there is no CT {0} in the lab'.format(vmid))
 
 
 def hold_driver(lab=None, name=None, held=True):
