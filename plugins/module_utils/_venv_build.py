@@ -563,8 +563,8 @@ def deploy(req):
                 pass
             elif rebuild:
                 with store.locked():
-                    kept, timings, report = store.rebuild(result['id'], req, lock_text=read_text(lock) or req.lock_text,
-                                                         env=env)
+                    lock_text = read_text(lock) or req.lock_text
+                    kept, timings, report = store.rebuild(result['id'], req, lock_text=lock_text, env=env)
                 result.update(kept_broken=kept, repair_audit=report, verified=None)
                 result['timings'].update(timings)
             else:

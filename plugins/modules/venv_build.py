@@ -262,7 +262,7 @@ repair_audit:
 rebuilt:
   description:
     - Whether the active venv could not start (its audit's C(rebuild) says why) and was built again from its lock
-      beside itself, audited and imported, then switched to (would be, in check mode): its installers need its
+      beside itself, audited and imported, then switched to (would be, in check mode) - its installers need its
       interpreter, so it cannot be repaired in place.
   returned: with O(repair=true), where the audit found anything
   type: bool

@@ -101,9 +101,9 @@ def container(driver=None, build=None, report=None):
     for f in findings.get('interpreter') or []:
         items.append(_item('venv', f.get('check'), f.get('msg'), fix=f.get('fix')))
     for f in findings.get('startup_files') or []:
+        runs = '; '.join(f.get('lines') or []) or f['kind']
         items.append(_item('venv', 'startup_file', '{0} in site-packages runs at every start ({1}) and no distribution '
-                           'installed it: a repair moves it aside'.format(f['path'], '; '.join(f.get('lines') or [])
-                                                                        or f['kind'])))
+                           'installed it: a repair moves it aside'.format(f['path'], runs)))
     for b in findings.get('broken_distributions') or []:
         items.append(_item('venv', 'broken_distribution', '{0} {1}: {2} file(s) missing, {3} changed'.format(
             b['name'], b['version'], len(b['missing']), len(b['modified'])), files=b['missing'] + b['modified']))

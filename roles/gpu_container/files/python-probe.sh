@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # What is wrong with a container's own Python, asked with sh alone (no Python needed): $1 is the interpreter.
 # Prints link=, exists=, rc= and out= (whether it starts and its version, or its last error line), pkg= (the
 # Python packages dpkg knows, with their status) and os= (the distribution). Read by plugin_utils/_container_python
