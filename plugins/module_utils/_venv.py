@@ -214,9 +214,12 @@ def activate_findings(venv):
     except (IOError, OSError):
         return [_finding('no_activate', '{0} is missing: a job that sources it does not start'.format(path),
                          'a repair run rebuilds the venv from its lock beside it')]
-    m = re.search(r'''^\s*VIRTUAL_ENV=['"]?([^'"\n]+)['"]?\s*$''', text, re.M)
-    if m and os.path.realpath(m.group(1)) != os.path.realpath(venv):
-        return [_finding('activate_elsewhere', '{0} activates {1}, not this venv'.format(path, m.group(1)),
+    # the absolute paths it sets (uv's and CPython's scripts name the venv's directory; a line that computes it, as
+    # the cygpath one for Windows shells, is not a path)
+    named = re.findall(r'''^\s*(?:export\s+)?VIRTUAL_ENV=(['"]?)(/[^'"\n]*)\1\s*$''', text, re.M)
+    elsewhere = [p for _q, p in named if os.path.realpath(p) != os.path.realpath(venv)]
+    if elsewhere:
+        return [_finding('activate_elsewhere', '{0} activates {1}, not this venv'.format(path, elsewhere[0]),
                          'a repair run rebuilds the venv from its lock beside it')]
     return []
 

@@ -94,6 +94,10 @@ def test_startup_files_no_record_names_and_the_activate_script(tmp_path):
     assert found == [{'path': 'hand.pth', 'kind': 'pth', 'lines': ['import sys']},
                      {'path': 'sitecustomize.py', 'kind': 'module', 'lines': []}]
     assert _venv.activate_findings(str(venv)) == []
+    # CPython 3.13's script (export, unquoted) and uv's line for Windows shells (computed, not a path)
+    (venv / 'bin' / 'activate').write_text('    export VIRTUAL_ENV={0}\nVIRTUAL_ENV=$(cygpath -u "$VIRTUAL_ENV")\n'.format(
+        venv))
+    assert _venv.activate_findings(str(venv)) == []
     (venv / 'bin' / 'activate').write_text("VIRTUAL_ENV='/opt/other'\n")
     assert checks(_venv.activate_findings(str(venv))) == ['activate_elsewhere']
     (venv / 'bin' / 'activate').unlink()
