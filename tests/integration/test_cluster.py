@@ -253,8 +253,9 @@ DRIFT = os.path.join(ROOT, 'playbooks', 'drift.yml')
 
 def test_a_fleet_across_the_nodes_converges_and_a_second_run_changes_nothing(cluster, tmp_path):
     """inventories/lab-cluster: GPU containers on pve1 and on pve2 (4 GPUs, an older driver), a CPU container on
-    pve3 (no GPU, no NVIDIA driver). Every container joins the inventory through its own node, gets its own node's
-    GPUs and driver, and is verified; a second run and a drift check find nothing to do."""
+    pve3 (no GPU, no NVIDIA driver) made from debian-13-standard, with the CUDA 13 torch on its Python 3.13. Every
+    container joins the inventory through its own node, gets its own node's GPUs and driver, and is verified; a second
+    run and a drift check find nothing to do."""
     cluster['pve'].made.extend([221, 222, 223])
     first = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
     assert first.rc == 0, first.failures() or first.stdout[-3000:]
@@ -268,6 +269,8 @@ def test_a_fleet_across_the_nodes_converges_and_a_second_run_changes_nothing(clu
     assert report['torch']['driver_version'] == DRIVERS['pve2']
     assert set(report['torch']['device_access']['nodes']) == {
         '/dev/nvidia3', '/dev/nvidiactl', '/dev/nvidia-uvm', '/dev/nvidia-uvm-tools', '/dev/nvidia-modeset'}
+    c3 = json.loads((tmp_path / 'reports' / 'util-c3.json').read_text())
+    assert (c3['torch']['torch_version'], c3['torch']['python_version'][:5]) == ('2.11.0+cu130', '3.13.')
     c1 = json.loads((tmp_path / 'reports' / 'train-c1.json').read_text())
     assert c1['torch']['driver_version'] == DRIVERS['pve1'] and '/dev/nvidia7' in c1['torch']['device_access']['nodes']
     again = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)

@@ -109,7 +109,7 @@ def up(lab=None, say=print, nodes=None, gpus=None, drivers=None):
         specs = plan_nodes(lab, nodes, gpus, drivers)
         host.ensure_subids(record)
         host.ensure_base(lab, say)
-        host.ensure_wheelhouse(lab, say)
+        host.ensure_wheelhouse(lab, say, cluster=len(specs) > 1)
         set_nodes(lab, specs, record)
         for node in lab.cluster():
             host.ensure_gpus(node, record, say)

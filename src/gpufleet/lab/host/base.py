@@ -137,37 +137,56 @@ def shift_ids(root, offset):
 
 
 # -- the node wheelhouse ----------------------------------------------------------------
-def lab_lock():
-    """The lock of the collection's CPU profile, which the lab's containers build their venvs from: the wheelhouse
-    holds exactly its pins (not whatever the index serves as their newest dependencies)."""
+def lab_lock(profile='cpu'):
+    """The lock of one of the collection's profiles, which the lab's containers build their venvs from: the
+    wheelhouse holds exactly its pins (not whatever the index serves as their newest dependencies)."""
     from ...profiles import collection_dir
-    return os.path.join(collection_dir(), 'roles', 'torch_venv', 'files', 'profiles', 'cpu', 'requirements.lock')
+    return os.path.join(collection_dir(), 'roles', 'torch_venv', 'files', 'profiles', profile, 'requirements.lock')
 
 
-def ensure_wheelhouse(lab, say):
-    """The wheels of the CPU profile's lock (hash-checked) and uv, for cp311 on x86_64: downloaded once into the
-    cache (from the indexes pip is configured with where they serve them, else torch from the PyTorch CPU index),
-    then linked into the node wheelhouse that containers bind-mount. A lock that changed replaces the wheels."""
+# What the lab's containers build offline: the CPU profile for Debian 12's Python (inventories/lab), and in a cluster
+# lab also the cu130 profile (the CUDA 13 torch from PyPI, 4.5 GB) for Debian 13's, which its PVE 9 node's container
+# runs (inventories/lab-cluster: util-c3 on pve3).
+WHEELHOUSE = (('cpu', '3.11', False), ('cu130', '3.13', True))
+# The profiles' platform, x86_64-manylinux_2_28: every manylinux tag it runs (PEP 600's glibc 2.28 and below, and
+# the older names of 2.17, 2.12 and 2.5), for pip download.
+PLATFORMS = [arg for tag in ['manylinux_2_{0}_x86_64'.format(m) for m in range(28, 4, -1)] +
+             ['manylinux2014_x86_64', 'manylinux2010_x86_64', 'manylinux1_x86_64', 'linux_x86_64']
+             for arg in ('--platform', tag)]
+
+
+def ensure_wheelhouse(lab, say, cluster=False):
+    """The wheels of the locks the lab builds from (WHEELHOUSE: a profile and a Python each; the cluster's only in a
+    cluster lab) and uv, hash-checked, for x86_64: downloaded once into the cache (from the indexes pip is configured
+    with where they serve them, else torch from the PyTorch CPU index), then linked into the node wheelhouse that
+    containers bind-mount. A lock that changed replaces the wheels."""
     cache = lab.wheel_cache
     os.makedirs(cache, exist_ok=True)
     stamp = os.path.join(cache, 'stamp')
-    lock = lab_lock()
-    with open(lock, 'rb') as fh:
-        want = '{0} {1}'.format(hashlib.sha256(fh.read()).hexdigest(), UV_PIN)
-    if _read(stamp) != want:
-        say('seeding the node wheelhouse with the CPU profile\'s lock and {0}'.format(UV_PIN))
+    seeds = [(profile, python) for profile, python, of_cluster in WHEELHOUSE if cluster or not of_cluster]
+    digests = []
+    for profile, python in seeds:
+        with open(lab_lock(profile), 'rb') as fh:
+            digests.append('{0}@{1}:{2}'.format(profile, python, hashlib.sha256(fh.read()).hexdigest()))
+    want = '{0} {1}'.format(' '.join(digests), UV_PIN)
+    have = _read(stamp) or ''
+    if have != want and not (set(want.split()) <= set(have.split())):  # a cluster's wheels serve one node too
+        say('seeding the node wheelhouse with {0} and {1}'.format(
+            ', '.join('the {0} profile for Python {1}'.format(p, v) for p, v in seeds), UV_PIN))
         stale = set(glob.glob(os.path.join(cache, '*.whl')))
         for path in stale:
             os.unlink(path)
-        target = ['--only-binary=:all:', '--python-version', '3.11', '--implementation', 'cp', '--abi', 'cp311',
-                  '--platform', 'manylinux_2_28_x86_64', '--platform', 'manylinux_2_17_x86_64',
-                  '--platform', 'manylinux2014_x86_64', '--platform', 'linux_x86_64', '-d', cache, '--no-deps']
         pip = [sys.executable, '-m', 'pip', 'download', '--disable-pip-version-check', '-q']
-        got = sh(pip + target + ['--require-hashes', '-r', lock], check=False)
-        if got.returncode != 0:
-            say('the lock\'s torch is not served locally; taking it from the PyTorch CPU index')
-            sh(pip + target + ['--require-hashes', '--extra-index-url', PYTORCH_CPU_INDEX, '-r', lock])
-        sh(pip + target + [UV_PIN])
+        for profile, python in seeds:
+            abi = 'cp' + python.replace('.', '')
+            target = ['--only-binary=:all:', '--python-version', python, '--implementation', 'cp', '--abi', abi,
+                      '-d', cache, '--no-deps'] + PLATFORMS
+            lock = lab_lock(profile)
+            got = sh(pip + target + ['--require-hashes', '-r', lock], check=False)
+            if got.returncode != 0:
+                say('the {0} lock\'s torch is not served locally; taking it from the PyTorch CPU index'.format(profile))
+                sh(pip + target + ['--require-hashes', '--extra-index-url', PYTORCH_CPU_INDEX, '-r', lock])
+        sh(pip + ['--only-binary=:all:', '-d', cache, '--no-deps', UV_PIN] + PLATFORMS)
         for path in glob.glob(os.path.join(lab.wheelhouse, '*.whl')):
             if path.replace(lab.wheelhouse, cache, 1) in stale and not os.path.exists(
                     os.path.join(cache, os.path.basename(path))):
