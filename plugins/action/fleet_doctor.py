@@ -92,7 +92,7 @@ class ActionModule(ControllerAction):
             for node in nodes:
                 asked = host_var(hostvars, node, 'gpu_container_doctor_pythons', {})
                 rows.extend(_doctor.python_rows(node, asked.get('stdout') if asked.get('rc') == 0 else None,
-                                                args['fleet']))
+                                                args['fleet'], args['plan'].get('venv_pythons')))
         out = {'ready': _doctor.ready(rows), 'rows': rows}
         try:
             written, _removed = _reports.write_all(args['report_dir'], {'doctor': out})

@@ -194,6 +194,12 @@ hosts:
       for those GPUs).
   returned: success
   type: dict
+venv_pythons:
+  description:
+    - The venv profile of each container, by vmid, where it could be read on the controller - C(name), C(dir) and
+      C(pythons), the Pythons its lock is for (the doctor holds each running container's Python to them).
+  returned: success
+  type: dict
 '''
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._action_only import refuse

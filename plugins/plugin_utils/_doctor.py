@@ -7,7 +7,7 @@ tasks'. A row that is not ok stops a first run; its fix says what to do."""
 
 import re
 
-from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _container_python
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _container_python, _profile
 
 GIB = 1024 ** 3
 
@@ -178,18 +178,26 @@ def python_row(node, volid, looked):
                'check the file on the node: tar -tf "$(pvesm path {0})" (zstd, xz or gzip installed)'.format(volid))
 
 
-def python_rows(node, answered, fleet):
-    """Whether the Python of each running container of the fleet on node starts (answered: the node's run of the
-    python probe over them, None where it did not run), one row each, named by its hostname in fleet (the
-    definition's entries)."""
+def python_rows(node, answered, fleet, profiles=None):
+    """Whether the Python of each running container of the fleet on node starts and is one its venv profile's lock
+    is for (answered: the node's run of the python probe over them, None where it did not run; profiles: the plan's
+    venv_pythons, {vmid: {name, dir, pythons}}), one row each, named by its hostname in fleet (the definition's
+    entries)."""
     names = dict((e.get('vmid'), e.get('hostname')) for e in fleet or [] if isinstance(e, dict) and e.get('hostname'))
     rows = []
     for vmid, text in sorted(_container_python.each(answered).items()):
         found = _container_python.parse(text, '/usr/bin/python3')
         bad = _container_python.finding(found)
         where = '{0} (CT {1} on {2})'.format(names.get(vmid, 'CT {0}'.format(vmid)), vmid, node)
-        rows.append(row(where, 'container python', not bad, bad['msg'] if bad else 'Python {0} starts'.format(
-            found['version']), bad['fix'] if bad else ''))
+        profile = (profiles or {}).get(vmid) or (profiles or {}).get(str(vmid)) or {}
+        if bad:
+            rows.append(row(where, 'container python', False, bad['msg'], bad['fix']))
+        elif profile.get('pythons') and found['version'] not in profile['pythons']:
+            rows.append(row(where, 'container python', False, 'Python {0} starts, but the profile {1} is locked for '
+                            'Python {2}'.format(found['version'], profile['name'], ', '.join(profile['pythons'])),
+                            _profile.relock_fix(profile['name'], found['version'], profile['dir'])))
+        else:
+            rows.append(row(where, 'container python', True, 'Python {0} starts'.format(found['version'])))
     return rows
 
 

@@ -524,4 +524,10 @@ class Fleet(object):
         summary = kinds.pop() if len(kinds) == 1 else ('mixed' if kinds else (
             self.passthrough if self.passthrough != 'auto' else 'devn'))
         return {'passthrough': summary, 'passthrough_nodes': modes, 'wanted': wanted, 'containers': first,
-                'raw': self.raw(modes), 'hosts': self.hosts()}
+                'raw': self.raw(modes), 'hosts': self.hosts(), 'venv_pythons': self.venv_pythons()}
+
+    def venv_pythons(self):
+        """{vmid: {name, dir, pythons}}: the venv profile of each entry, where it could be read, and the Pythons its
+        lock is for (the doctor holds each running container's own Python to it)."""
+        return dict((e['vmid'], self.profiles[e.get('venv_profile') or ''])
+                    for e in self.containers if isinstance(e, dict) and (e.get('venv_profile') or '') in self.profiles)

@@ -126,8 +126,19 @@ def test_the_containers_own_python_missing_is_a_finding_and_put_back(fleet):
     assert rc == 2 and ('container', 'python') in found, result
     item = next(i for i in row['drift'] if i['item'] == 'python')
     assert item['detail'] == "the container's Python /usr/bin/python3 is missing (a link to python3.11, which is gone)"
-    assert 'apt-get install --reinstall -y python3 ' in item['fix'] and '(gpufleet drift --fix does it)' in item['fix'] and 'python3.11-minimal' in item['fix']
+    assert 'apt-get install --reinstall -y python3 ' in item['fix'] and 'python3.11-minimal' in item['fix']
+    assert item['fix'].endswith('(gpufleet drift --fix does it)')
     assert row['ok'] is False and items(result, 'starts-b')[1]['ok'] is True
+    # verify says it for the container (the rest verified), and so does the doctor
+    verify = gpufleet(fleet['home'], fleet['file'], 'verify', '--json')
+    rows = dict((r['host'], r) for r in as_json(verify)['containers'])
+    assert verify.returncode == 1 and rows['starts-b']['ok'] is True
+    assert rows['starts-a']['failures'] == ["container_python: expected the container's Python starts, got " + item['detail']]
+    doctor = as_json(gpufleet(fleet['home'], fleet['file'], 'doctor', '--json'))
+    checks = dict((r['where'], r) for r in doctor['checks'] if r['check'] == 'container python')
+    assert checks['starts-a (CT {0} on pve1)'.format(A)]['ok'] is False
+    assert checks['starts-a (CT {0} on pve1)'.format(A)]['detail'] == item['detail']
+    assert checks['starts-b (CT {0} on pve1)'.format(B)]['ok'] is True
 
     rc, result = fix(fleet)
     assert rc == 2 and items(result, 'starts-a')[1]['ok'] is True, result

@@ -189,6 +189,11 @@ def test_the_doctor_asks_each_running_containers_python():
                                            "which is gone)")]
     assert rows[1]['fix'].startswith('reinstall it in the container: apt-get install --reinstall -y python3 ')
     assert _doctor.python_rows('pve1', None, []) == []
+    held = _doctor.python_rows('pve1', answered.split('== 202')[0], [], {201: {'name': 'mine', 'dir': '/srv/mine',
+                                                                               'pythons': ['3.12', '3.13']}})
+    assert [(r['ok'], r['detail'], r['fix']) for r in held] == [
+        (False, 'Python 3.11 starts, but the profile mine is locked for Python 3.12, 3.13',
+         'add "3.11" to python in /srv/mine/profile.yml, then: gpufleet profile lock /srv/mine')]
     assert _doctor.changes_row({'containers': []})['detail'] == 'a run would change nothing'
 
 
