@@ -560,8 +560,8 @@ def deploy(req):
             rebuild = bool(result['audit'].get('rebuild'))
             result.update(changed=True, repaired=not req.check, rebuilt=rebuild)
             if req.check:
-                pass
-            elif rebuild:
+                return result
+            if rebuild:
                 with store.locked():
                     lock_text = read_text(lock) or req.lock_text
                     kept, timings, report = store.rebuild(result['id'], req, lock_text=lock_text, env=env)
@@ -606,9 +606,10 @@ def deploy_venv(store, req, env):
     result.update(id=vid, venv=store.path(vid), meta=(store.marker(vid) or {}).get('meta', req.meta or {}))
     if not req.rollback and current and current != vid:
         # the venv that is active was made for another Python (a distribution upgrade replaced the container's)
-        made_for = ((_venv.pyvenv_cfg(store.path(current)) or {}).get('version_info') or '').split('.')[:2]
-        if made_for and '.'.join(made_for) != '.'.join(have.split('.')[:2]):
-            result['python_changed'] = {'from': '.'.join(made_for), 'to': '.'.join(have.split('.')[:2])}
+        made_for = '.'.join(((_venv.pyvenv_cfg(store.path(current)) or {}).get('version_info') or '').split('.')[:2])
+        now = '.'.join(have.split('.')[:2])
+        if made_for and made_for != now:
+            result['python_changed'] = {'from': made_for, 'to': now}
     need_build = not req.rollback and not store.complete(vid)
     need_switch = current != vid
     if need_switch or history[-1:] != [vid]:
