@@ -157,50 +157,69 @@ PLATFORMS = [arg for tag in ['manylinux_2_{0}_x86_64'.format(m) for m in range(2
 
 def ensure_wheelhouse(lab, say, cluster=False):
     """The wheels of the locks the lab builds from (WHEELHOUSE: a profile and a Python each; the cluster's only in a
-    cluster lab) and uv, hash-checked, for x86_64: downloaded once into the cache (from the indexes pip is configured
-    with where they serve them, else torch from the PyTorch CPU index), then linked into the node wheelhouse that
-    containers bind-mount. A lock that changed replaces the wheels."""
-    cache = lab.wheel_cache
-    os.makedirs(cache, exist_ok=True)
-    stamp = os.path.join(cache, 'stamp')
+    cluster lab) and uv, hash-checked, for x86_64: each set downloaded once into its own directory of the cache (from
+    the indexes pip is configured with where they serve them, else torch from the PyTorch CPU index), then linked into
+    the node wheelhouse that containers bind-mount, which holds exactly the sets of this lab (a cluster's set leaves it
+    when the lab is one node again, and stays in the cache). A lock that changed replaces its set."""
     seeds = [(profile, python) for profile, python, of_cluster in WHEELHOUSE if cluster or not of_cluster]
-    digests = []
-    for profile, python in seeds:
-        with open(lab_lock(profile), 'rb') as fh:
-            digests.append('{0}@{1}:{2}'.format(profile, python, hashlib.sha256(fh.read()).hexdigest()))
-    want = '{0} {1}'.format(' '.join(digests), UV_PIN)
-    have = _read(stamp) or ''
-    if have != want and not (set(want.split()) <= set(have.split())):  # a cluster's wheels serve one node too
-        say('seeding the node wheelhouse with {0} and {1}'.format(
-            ', '.join('the {0} profile for Python {1}'.format(p, v) for p, v in seeds), UV_PIN))
-        stale = set(glob.glob(os.path.join(cache, '*.whl')))
-        for path in stale:
+    earlier = glob.glob(os.path.join(lab.wheel_cache, '*.whl')) + glob.glob(os.path.join(lab.wheel_cache, 'stamp'))
+    if earlier:  # the cache's earlier layout, one set in the cache itself, whose wheels were all the wheelhouse's
+        for path in earlier + glob.glob(os.path.join(lab.wheelhouse, '*.whl')):
             os.unlink(path)
-        pip = [sys.executable, '-m', 'pip', 'download', '--disable-pip-version-check', '-q']
-        for profile, python in seeds:
-            abi = 'cp' + python.replace('.', '')
-            target = ['--only-binary=:all:', '--python-version', python, '--implementation', 'cp', '--abi', abi,
-                      '-d', cache, '--no-deps'] + PLATFORMS
-            lock = lab_lock(profile)
-            got = sh(pip + target + ['--require-hashes', '-r', lock], check=False)
+    pip = [sys.executable, '-m', 'pip', 'download', '--disable-pip-version-check', '-q', '--only-binary=:all:',
+           '--no-deps'] + PLATFORMS
+    sets = []
+    for profile, python in seeds:
+        lock = lab_lock(profile)
+        with open(lock, 'rb') as fh:
+            want = hashlib.sha256(fh.read()).hexdigest()
+        where = _wheel_set(lab, '{0}-{1}'.format(profile, python), want, say,
+                           'the {0} profile\'s wheels for Python {1}'.format(profile, python))
+        if where is not None:
+            target = pip + ['--python-version', python, '--implementation', 'cp', '--abi',
+                            'cp' + python.replace('.', ''), '-d', where]
+            got = sh(target + ['--require-hashes', '-r', lock], check=False)
             if got.returncode != 0:
                 say('the {0} lock\'s torch is not served locally; taking it from the PyTorch CPU index'.format(profile))
-                sh(pip + target + ['--require-hashes', '--extra-index-url', PYTORCH_CPU_INDEX, '-r', lock])
-        sh(pip + ['--only-binary=:all:', '-d', cache, '--no-deps', UV_PIN] + PLATFORMS)
-        for path in glob.glob(os.path.join(lab.wheelhouse, '*.whl')):
-            if path.replace(lab.wheelhouse, cache, 1) in stale and not os.path.exists(
-                    os.path.join(cache, os.path.basename(path))):
-                os.unlink(path)  # a wheel of the old lock
-        with open(stamp, 'w') as fh:
-            fh.write(want)
+                sh(target + ['--require-hashes', '--extra-index-url', PYTORCH_CPU_INDEX, '-r', lock])
+            _wheel_set_done(where, want)
+        sets.append(os.path.join(lab.wheel_cache, '{0}-{1}'.format(profile, python)))
+    where = _wheel_set(lab, 'uv', UV_PIN, say, UV_PIN)
+    if where is not None:
+        sh(pip + ['-d', where, UV_PIN])
+        _wheel_set_done(where, UV_PIN)
+    sets.append(os.path.join(lab.wheel_cache, 'uv'))
+    wanted = dict((os.path.basename(p), p) for d in sets for p in glob.glob(os.path.join(d, '*.whl')))
+    ours = set(os.path.basename(p) for p in glob.glob(os.path.join(lab.wheel_cache, '*', '*.whl')))
     os.makedirs(lab.wheelhouse, exist_ok=True)
-    for path in glob.glob(os.path.join(cache, '*.whl')):
-        dest = os.path.join(lab.wheelhouse, os.path.basename(path))
+    for path in glob.glob(os.path.join(lab.wheelhouse, '*.whl')):
+        name = os.path.basename(path)
+        if name in ours and name not in wanted:
+            os.unlink(path)  # a set this lab does not use now, or of an older lock (a test's own wheels stay)
+    for name, path in wanted.items():
+        dest = os.path.join(lab.wheelhouse, name)
         if not os.path.exists(dest):
             try:
                 os.link(path, dest)
             except OSError:
                 shutil.copy2(path, dest)
+
+
+def _wheel_set(lab, name, want, say, what):
+    """The cache's directory of one set of wheels, emptied for a download where its stamp is not want (None where it
+    is complete)."""
+    where = os.path.join(lab.wheel_cache, name)
+    if _read(os.path.join(where, 'stamp')) == want:
+        return None
+    say('downloading {0} into the lab\'s cache (once)'.format(what))
+    shutil.rmtree(where, ignore_errors=True)
+    os.makedirs(where)
+    return where
+
+
+def _wheel_set_done(where, want):
+    with open(os.path.join(where, 'stamp'), 'w') as fh:
+        fh.write(want)
 
 
 def make_template(path, python3=True, release='bookworm'):
