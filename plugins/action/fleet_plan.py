@@ -18,7 +18,7 @@ from ansible_collections.gpufleet.proxmox.plugins.plugin_utils._action import Co
 def nodes_seen(hostvars, nodes):
     """What gpu_node left on each node of the play: GPU indexes (None where it did not run), each one's device
     minor, its gpu_devices entries, device majors, the control nodes it has (None where unknown), the driver
-    bundle's path, the shared directories."""
+    bundle's path, the shared directories, and the containers that hold each GPU."""
     out = {}
     for name in nodes:
         devices = host_var(hostvars, name, 'gpufleet_gpu_devices', {})
@@ -29,7 +29,8 @@ def nodes_seen(hostvars, nodes):
                      'gpus': devices.get('gpus') or [],
                      'control': sorted(control) if isinstance(control, dict) else None,
                      'driver': host_var(hostvars, name, 'gpu_node_driver', {}).get('path') or '',
-                     'shares': host_var(hostvars, name, 'gpu_node_shared', [])}
+                     'shares': host_var(hostvars, name, 'gpu_node_shared', []),
+                     'held': devices.get('held') or {}}
     return out
 
 

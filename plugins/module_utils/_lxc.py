@@ -231,6 +231,36 @@ def wanted_config(spec):
     return values, owned
 
 
+def keep_device_keys(values, current, pending=()):
+    """values (wanted_config's) with its devN keys given so that each device keeps the key it has in current (the
+    same path), and each new one takes the lowest key that neither current nor pending (keys waiting for a restart,
+    deletions included) holds. The devices list numbers its entries dev0, dev1, ...; without this, a GPU added before
+    the control nodes would move nvidiactl and the rest to other keys: a one-GPU change would become a change of
+    several keys, which PVE never hot-plugs over an existing one (pve-container src/PVE/LXC/Config.pm
+    vmconfig_hotplug_pending: "don't try to hotplug over existing dev"), and a new key for a path the container
+    already has fails the whole change (src/PVE/LXC.pm create_passthrough_device_node: mknod of a node that exists).
+    A key no longer wanted is deleted and stays free until a later run."""
+    wanted = sorted((k for k in values if key_family(k) == 'dev'), key=lambda k: int(k[3:]))
+    if not wanted:
+        return values
+    held = {}
+    for key in sorted((k for k in current if key_family(k) == 'dev'), key=lambda k: int(k[3:])):
+        held.setdefault(parse_props(current[key], 'path').get('path'), key)
+    out = dict((k, v) for k, v in values.items() if key_family(k) != 'dev')
+    new = []
+    for key in wanted:
+        kept = held.pop(parse_props(values[key], 'path').get('path'), None)
+        if kept is None:
+            new.append(values[key])
+        else:
+            out[kept] = values[key]
+    used = set(k for k in list(current) + list(pending) + list(out) if key_family(k) == 'dev')
+    free = (n for n in range(10 ** 6) if 'dev{0}'.format(n) not in used)
+    for value in new:
+        out['dev{0}'.format(next(free))] = value
+    return out
+
+
 def rootfs_value(rootfs, storage):
     """rootfs as PVE takes it: a bare size (8) is a new volume on `storage` (local-lvm:8)."""
     text = str(rootfs).strip()
@@ -455,6 +485,7 @@ class Reconciler(object):
         if g is None:
             return self._plan_create(plan, values)
         current, pending_now = self.read_config(plan['path'], status)
+        values = keep_device_keys(values, current, pending_now)
         if spec.get('node') and spec['node'] != node:
             self._plan_move(plan, current)
         plan.update(current=current, values=values, owned=owned)
@@ -776,14 +807,15 @@ def orphans(guests, tag, wanted):
             and tag in [t.lower() for t in tag_list(g.get('tags'))]]
 
 
-def reconcile_all(client, specs, check_mode, lock_timeout=60, orphan_tag=None):
+def reconcile_all(client, specs, check_mode, lock_timeout=60, orphan_tag=None, known=()):
     """Validate every definition, plan every container (reads only), then apply the plans. Returns (results,
-    orphans): with orphan_tag, the containers that carry it but are not among specs (see orphans), else None."""
+    orphans): with orphan_tag, the containers that carry it but are neither among specs nor known (vmids of the
+    fleet's other containers, on nodes the run does not reach) (see orphans), else None."""
     validate(specs)
     rec = Reconciler(client, check_mode, lock_timeout)
     rec.check_nodes(specs)
     plans = [rec.plan(spec) for spec in specs]
-    left = orphans(rec.guests(), orphan_tag, set(s['vmid'] for s in specs)) if orphan_tag else None
+    left = orphans(rec.guests(), orphan_tag, set(s['vmid'] for s in specs) | set(known or ())) if orphan_tag else None
     results = []
     for n, plan in enumerate(plans):
         try:
@@ -814,7 +846,8 @@ def run(params, check_mode):
         specs = container_specs(params)
         validate(specs)
         client = PveClient(params, read_only=check_mode)
-        results, left = reconcile_all(client, specs, check_mode, params['lock_timeout'], params['orphan_tag'])
+        results, left = reconcile_all(client, specs, check_mode, params['lock_timeout'], params['orphan_tag'],
+                                      params.get('orphan_known') or ())
     except SpecError as e:
         return {'failed': True, 'changed': False, 'msg': str(e)}
     except PveError as e:

@@ -13,7 +13,7 @@ import shutil
 import stat
 import subprocess
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _nvidia_kernel
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _nvidia_kernel, _pveconf
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import read_text, replace_link, write_text
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._nvidia_devices import (
     CONTROL_NODES, UVM_NODES, char_majors, gpu_indexes, node_info)
@@ -421,6 +421,14 @@ def discover_node(params, check=False):
                      find_program('nvidia-persistenced'),
                      [{'path': share['path'], 'owner': None if share['read_only'] else p['shares_owner'],
                        'mode': p['shares_mode']} for share in p['shares']], p['bundle'], p['driver_optional'])
+    # who holds each GPU: every container of the node given its device node (the fleet's, an orphan, or one made by
+    # hand), read from PVE's own config files
+    conf_dir = os.path.join(p['pve_root'], 'nodes', p['node'], 'lxc') if p.get('node') else os.path.join(
+        p['pve_root'], 'lxc')
+    by_path = _pveconf.gpu_holders(conf_dir)
+    facts['held'] = dict((g['index'], by_path['/dev/nvidia{0}'.format(g['minor'])]) for g in facts.get('gpus') or []
+                         if g.get('index') is not None and g.get('minor') is not None
+                         and '/dev/nvidia{0}'.format(g['minor']) in by_path)
     if facts['driver_version'] is not None:
         facts['findings'].extend(_files.stale(p['boot_files']))
         facts['kernels'] = _nvidia_kernel.state(p['proc_root'], p['root'])

@@ -85,3 +85,61 @@ def apply(path, entries, check_mode=False):
             fh.write(replace(text, entries))
         os.rename(tmp, path)
     return True, before, list(entries)
+
+
+# A GPU's device node as a container gets it: a devN (path=/dev/nvidiaN, or the path alone, its default key) or a raw
+# mount entry of it (PVE before 8.1, and hand-made configs).
+GPU_NODE = re.compile(r'^/dev/nvidia(\d+)$')
+DEVN = re.compile(r'^dev\d+:\s*(.*)$')
+CONF = re.compile(r'^(\d+)\.conf$')
+
+
+def held_nodes(text):
+    """(hostname, [/dev/nvidiaN paths]) of a container's config file: its devN and raw mount entries in the main
+    section and in its pending changes ([pve:pending], which take effect at its next start); snapshots' sections are
+    not the container's now. pve-container src/PVE/LXC/Config.pm parse_pct_config reads these sections."""
+    name, paths, section = None, [], ''
+    for line in text.splitlines():
+        if line.startswith('['):
+            section = line.strip()
+            continue
+        if section not in ('', '[pve:pending]'):
+            continue
+        if line.startswith('hostname:') and section == '':
+            name = line.split(':', 1)[1].strip()
+        m = DEVN.match(line)
+        if m:
+            parts = m.group(1).split(',')
+            path = next((p[len('path='):] for p in parts if p.startswith('path=')), None)
+            if path is None and parts and '=' not in parts[0]:
+                path = parts[0]  # the default key (devN: /dev/nvidia0)
+            if path and GPU_NODE.match(path.strip()):
+                paths.append(path.strip())
+        raw = RAW_LINE.match(line)
+        if raw and raw.group(1) == 'lxc.mount.entry':
+            source = raw.group(2).split()[0] if raw.group(2).split() else ''
+            if GPU_NODE.match(source):
+                paths.append(source)
+    return name, sorted(set(paths))
+
+
+def gpu_holders(conf_dir):
+    """{/dev/nvidiaN: [{vmid, name}]}: the containers of a node (its PVE config files, conf_dir: /etc/pve/lxc or
+    /etc/pve/nodes/<node>/lxc) that are given each GPU device node, whoever made them."""
+    out = {}
+    try:
+        names = sorted(os.listdir(conf_dir))
+    except OSError:
+        return out
+    for file_name in names:
+        m = CONF.match(file_name)
+        if not m:
+            continue
+        try:
+            with open(os.path.join(conf_dir, file_name)) as fh:
+                name, paths = held_nodes(fh.read())
+        except (IOError, OSError):
+            continue
+        for path in paths:
+            out.setdefault(path, []).append({'vmid': int(m.group(1)), 'name': name})
+    return out

@@ -194,6 +194,11 @@ hosts:
       for those GPUs).
   returned: success
   type: dict
+vmids:
+  description: The vmids of every container of the definition, those of nodes this run does not reach included.
+  returned: success
+  type: list
+  elements: int
 venv_pythons:
   description:
     - The venv profile of each container, by vmid, where it could be read on the controller - C(name), C(dir) and

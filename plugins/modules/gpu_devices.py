@@ -73,6 +73,17 @@ options:
         the device nodes it would make; the shares are still checked.
     type: bool
     default: false
+  pve_root:
+    description:
+      - PVE's cluster file system, whose container config files say which containers of the node are given each GPU
+        (RV(ansible_facts.gpufleet_gpu_devices.held)).
+    type: path
+    default: /etc/pve
+  node:
+    description:
+      - The node's name in the cluster (its configs are in O(pve_root)C(/nodes/<node>/lxc)); without it, the node's
+        own C(/etc/pve/lxc).
+    type: str
   shares:
     description:
       - The directories the node shares with its containers (gpu_node_shares). Each should be a directory of mode
@@ -157,7 +168,8 @@ ansible_facts:
           C(modules) the module file per kernel, C(dkms) per version the kernels built for and a failed build's
           log, C(packages) the driver's Debian packages with their version and whether held), and with a loaded
           driver C(installed_versions), the userspace driver versions found in the bundle's C(lib_dirs), newest
-          last.
+          last; C(held), by GPU index, the containers of the node given that GPU's device node (vmid and name,
+          whoever made them: a devN, pending or not, or a raw mount entry).
       type: dict
       returned: always
 '''
@@ -181,7 +193,9 @@ ARGUMENT_SPEC = dict(dev_dir=dict(type='path', default='/dev'),
                          mode=dict(type='str'), src=dict(type='str'))),
                      root=dict(type='path', default='/'),
                      driver_hold=dict(type='bool', default=False),
-                     driver_optional=dict(type='bool', default=False))
+                     driver_optional=dict(type='bool', default=False),
+                     pve_root=dict(type='path', default='/etc/pve'),
+                     node=dict(type='str'))
 
 
 def checked_bundle(params):

@@ -182,6 +182,13 @@ options:
       - Report the cluster's containers that carry this tag but are not among the call's (RV(orphans)), from the
         guest list the call reads anyway. They are left as they are.
     type: str
+  orphan_known:
+    description:
+      - Vmids of containers that belong with the call's though it does not reconcile them (the fleet's containers on a
+        node the run does not reach: down, or outside C(--limit)), never reported as orphans.
+    type: list
+    elements: int
+    default: []
 '''
 
 EXAMPLES = r'''
@@ -290,6 +297,7 @@ def argument_spec():
     spec['restart'] = dict(type='list', elements='int', default=[])
     spec['lock_timeout'] = dict(type='int', default=60)
     spec['orphan_tag'] = dict(type='str')
+    spec['orphan_known'] = dict(type='list', elements='int', default=[])
     return spec
 
 

@@ -24,9 +24,21 @@ def node(gpu_devices):
             for f in (gpu_devices or {}).get('findings') or []]
 
 
-def containers(reconcile, fleet):
+def _named(key, config):
+    """A config key as the operator knows it: a devN with its device's path."""
+    path = str((config or {}).get(key) or '').split('path=')[-1].split(',')[0] if key.startswith('dev') else ''
+    return '{0} ({1})'.format(key, path) if path else key
+
+
+RESTART_HOW = ('a run restarts it only where allowed: restart_on_pending: true in its entry, or '
+               'gpu_container_restart_on_pending: true for the fleet')
+
+
+def containers(reconcile, fleet, check_mode=True):
     """{container hostname: items} from gpu_container's lxc_container result: config keys that differ (before
-    and after), a container to create, a power state to change, changes waiting for a restart."""
+    and after), a container to create or destroy, a power state to change, changes waiting for a restart, and the
+    orphans. Each item that is not applied to the running container is marked waits (PVE keeps it pending until a
+    restart: never repaired while it waits), and each orphan left (reported, never repaired)."""
     names = dict((e.get('vmid'), e.get('hostname')) for e in fleet or [])
     diffs = (reconcile or {}).get('diff') or []
     diffs = dict((d.get('before_header'), d) for d in ([diffs] if isinstance(diffs, dict) else diffs))
@@ -36,37 +48,60 @@ def containers(reconcile, fleet):
         items = []
         diff = diffs.get('CT {0}'.format(vmid)) or {}
         before, after = diff.get('before') or {}, diff.get('after') or {}
+        pending = set(res.get('pending') or []) if res.get('restart_required') else set()
         if res.get('created'):
             items.append(_item('container', 'missing', 'CT {0} does not exist'.format(vmid)))
+        elif res.get('status') == 'absent' and res.get('changed'):
+            items.append(_item('container', 'removal', (
+                'CT {0} on {1} is in the fleet with state absent: a run destroys it' if check_mode else
+                'CT {0} on {1} was destroyed (state absent in the fleet)').format(vmid, res.get('node')),
+                before=before.get('status'), after='absent'))
         else:
             for key in res.get('changed_keys') or []:
                 if key == 'node':
                     detail = 'node: expected {0}, found {1}'.format(after.get(key), before.get(key))
                     if res.get('move_refused'):
                         detail += ' (PVE cannot move it back: {0})'.format(res['move_refused'])
+                elif key.startswith('dev') and after.get(key) is None and '/dev/nvidia' in str(before.get(key)):
+                    detail = '{0} is no longer given to CT {1}: a repair removes it'.format(_named(key, before), vmid)
                 elif HAND_MADE.match(key) and after.get(key) is None and before.get(key) is not None:
                     # the fleet owns a container's mount points and devices: one it does not declare is removed
                     kind = 'mounts' if key.startswith('mp') else 'devices'
                     detail = ('{0} ({1}) is not in the fleet definition: a repair removes it; declare it in the '
                               'entry\'s {2} to keep it'.format(key, before[key], kind))
+                elif before.get(key) is None and key.startswith('dev'):
+                    detail = '{0} is new'.format(_named(key, after))
                 else:
                     detail = 'config {0} differs'.format(key)
-                items.append(_item('container', key, detail, before=before.get(key), after=after.get(key)))
+                extra = {}
+                if key in pending:
+                    detail += ('; it would wait for a restart of CT {0}' if check_mode else
+                               '; written, it waits for a restart of CT {0}').format(vmid)
+                    extra['waits'] = True
+                items.append(_item('container', key, detail, before=before.get(key), after=after.get(key), **extra))
         if res.get('power'):
             was = before.get('status') or 'absent'
-            items.append(_item('container', 'power', 'CT {0} is {1}: {2} it'.format(vmid, was, res['power']),
-                               before=was, after=after.get('status') or 'running'))
-        if res.get('restart_required'):
-            items.append(_item('container', 'pending', 'changes wait for a restart: {0}'.format(
-                ', '.join(res.get('pending') or []))))
+            done = {'start': 'started', 'shutdown': 'shut down', 'reboot': 'rebooted', 'stop': 'stopped'}
+            detail = ('CT {0} is {1}: {2} it'.format(vmid, was, res['power']) if check_mode else
+                      'CT {0} was {1}: {2}'.format(vmid, was, done.get(res['power'], res['power'])))
+            if res['power'] == 'reboot' and res.get('pending'):
+                detail += ' to apply {0}'.format(', '.join(_named(k, res.get('config') or after) for k in res['pending']))
+            items.append(_item('container', 'power', detail, before=was, after=after.get('status') or 'running'))
+        if pending:
+            keys = ', '.join(_named(k, dict(before, **(res.get('config') or after))) for k in sorted(pending))
+            items.append(_item('container', 'restart', (
+                'CT {0} would take the change of {1} only when it restarts; {2}' if check_mode else
+                'CT {0} takes the change of {1} only when it restarts: restart it when its jobs allow (pct reboot {0}), '
+                'or {2}').format(vmid, keys, RESTART_HOW), waits=True, keys=sorted(pending)))
         out[names.get(vmid) or str(vmid)] = items
     # the cluster's containers that carry the fleet's tag but are not in its definition: reported, left alone
     for orphan in (reconcile or {}).get('orphans') or []:
         name = orphan.get('name') or 'CT {0}'.format(orphan['vmid'])
         out['CT {0}'.format(orphan['vmid']) if name in out else name] = [_item(
             'container', 'orphan', 'CT {0} on {1} ({2}) carries the fleet\'s tag but is not in its definition: it is '
-            'left as it is (add it to gpufleet_containers, or take the tag off, or destroy it)'.format(
-                orphan['vmid'], orphan.get('node'), orphan.get('status')), vmid=orphan['vmid'], node=orphan.get('node'))]
+            'left as it is, its GPUs held (add it to gpufleet_containers, or take the tag off, or destroy it)'.format(
+                orphan['vmid'], orphan.get('node'), orphan.get('status')), vmid=orphan['vmid'], node=orphan.get('node'),
+            left=True)]
     return out
 
 
@@ -141,7 +176,7 @@ def fleet(devices, reconcile, definition, running, verdict, check_mode):
     definition: gpu_container's lxc_container result and the fleet's entries; running {container hostname:
     {driver, build, report}} (its userspace_driver and venv_build results, its verify report); verdict: the fleet's
     verification (plugin_utils/_verdict.fleet), or None where it was not judged."""
-    hosts = containers(reconcile, definition)
+    hosts = containers(reconcile, definition, check_mode)
     for host, seen in sorted((running or {}).items()):
         hosts.setdefault(host, []).extend(container(**seen))
     for host, items in unverified(verdict).items():
@@ -150,11 +185,17 @@ def fleet(devices, reconcile, definition, running, verdict, check_mode):
 
 
 def summary(nodes, containers, check_mode):
-    """The fleet's drift report: every node's and container's items, and counts."""
+    """The fleet's drift report: every node's and container's items, and counts: count, the drift a run repairs (in
+    repair mode, repaired), of which waiting wait for a restart (in repair mode: written, not applied); orphans, the
+    containers left alone, which are no drift of the fleet's."""
     hosts = dict(('node/' + k, v) for k, v in (nodes or {}).items())
     hosts.update(('container/' + k, v) for k, v in (containers or {}).items())
-    return {'mode': 'check' if check_mode else 'repair', 'drift': any(hosts.values()),
-            'count': sum(len(v) for v in hosts.values()),
+    every = [i for v in hosts.values() for i in v]
+    drift = [i for i in every if not i.get('left')]
+    return {'mode': 'check' if check_mode else 'repair', 'drift': bool(drift), 'count': len(drift),
+            'waiting': sum(1 for i in drift if i.get('waits')),
+            'waiting_hosts': sorted(h.split('/', 1)[1] for h, v in hosts.items() if any(i.get('waits') for i in v)),
+            'orphans': sorted(h.split('/', 1)[1] for h, v in hosts.items() if any(i.get('left') for i in v)),
             'nodes': nodes or {}, 'containers': containers or {}}
 
 

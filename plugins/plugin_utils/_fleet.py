@@ -18,7 +18,7 @@ from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _profile
 # Device nodes every GPU container gets besides its /dev/nvidiaN.
 ENTRY_KEYS = ('vmid', 'hostname', 'node', 'gpus', 'cores', 'memory', 'swap', 'rootfs', 'net', 'template',
               'storage', 'unprivileged', 'features', 'tags', 'description', 'onboot', 'mounts', 'devices',
-              'state', 'venv_profile', 'nameserver', 'searchdomain', 'gpu_mode', 'gpu_gid')
+              'state', 'venv_profile', 'nameserver', 'searchdomain', 'gpu_mode', 'gpu_gid', 'restart_on_pending')
 # Checked against PVE's schema here (the rest after the expansion, by lxc_container's own check).
 INT_KEYS = ('cores', 'memory', 'swap')
 # devN arrived in pve-container 5.0.7, shipped with PVE 8.1.
@@ -183,7 +183,7 @@ REQUIRED_KEYS = ('vmid', 'hostname', 'node')
 ENTRY_CHECKS = (('vmid', _vmid), ('hostname', _hostname), ('node', _node),
                 ('cores', _whole_number), ('memory', _whole_number), ('swap', _whole_number),
                 ('devices', _devices), ('features', _list), ('tags', _list), ('unprivileged', _bool),
-                ('onboot', _bool), ('nameserver', _words), ('searchdomain', _words), ('net', _net),
+                ('onboot', _bool), ('restart_on_pending', _bool), ('nameserver', _words), ('searchdomain', _words), ('net', _net),
                 ('rootfs', _rootfs), ('gpus', _gpus), ('gpu_mode', _gpu_mode), ('gpu_gid', _gpu_gid))
 
 
@@ -361,9 +361,36 @@ class Fleet(object):
             if check(key, value)]
         problems += errors(self.containers, self.gpus, pve, is_root_password, self.gpu_sharing, self.passthrough)
         problems += self.unlocked()
+        problems += self.held_elsewhere()
         problems += self.unconfirmed()
         if problems:
             raise FleetError(problems)
+
+    def held_elsewhere(self):
+        """Each GPU an entry is given that a container outside the fleet holds on the entry's node (an orphan, or one
+        made by hand: discovery's held, read from the node's PVE configs), unless GPUs may be shared: two containers
+        would share it by accident. Refused before anything changes, naming the holder."""
+        if self.gpu_sharing or not isinstance(self.containers, list):
+            return []
+        fleet = set(e.get('vmid') for e in self.containers if isinstance(e, dict))
+        out = []
+        for i, e in enumerate(self.containers):
+            if not isinstance(e, dict) or e.get('state') == 'absent' or not isinstance(e.get('node'), str):
+                continue
+            held = (self.nodes.get(e['node']) or {}).get('held') or {}
+            try:
+                given = gpu_list(e, self.gpus.get(e['node']) or [])
+            except (TypeError, ValueError):
+                continue  # errors() names what is wrong with its gpus
+            for g in given:
+                holders = [h for h in held.get(g) or held.get(str(g)) or [] if h.get('vmid') not in fleet]
+                for h in holders:
+                    out.append('containers[{0}] (vmid {1}).gpus: GPU {2} of node {3} is held by CT {4}{5}, which is '
+                               'not in the fleet: give this container another GPU, or take the GPU from CT {4} (its '
+                               'devN, then a restart), add CT {4} to the fleet, or destroy it'.format(
+                                   i, e.get('vmid'), g, e['node'], h.get('vmid'),
+                                   ' ({0})'.format(h['name']) if h.get('name') else ''))
+        return out
 
     def unlocked(self):
         """Each entry whose template brings a Python (_profile.template_python) that its venv profile's lock is not
@@ -438,7 +465,7 @@ class Fleet(object):
         its GPUs' device nodes as devN (mode devn) or none (mode raw: they go in as raw lines)."""
         spec = dict((k, v) for k, v in self.defaults.items() if v is not None)
         for key in ('vmid', 'hostname', 'node', 'cores', 'memory', 'swap', 'unprivileged', 'features', 'tags',
-                    'description', 'onboot', 'storage', 'state', 'nameserver', 'searchdomain'):
+                    'description', 'onboot', 'storage', 'state', 'nameserver', 'searchdomain', 'restart_on_pending'):
             if entry.get(key) is not None:
                 spec[key] = entry[key]
         if entry.get('template'):
@@ -524,7 +551,8 @@ class Fleet(object):
         summary = kinds.pop() if len(kinds) == 1 else ('mixed' if kinds else (
             self.passthrough if self.passthrough != 'auto' else 'devn'))
         return {'passthrough': summary, 'passthrough_nodes': modes, 'wanted': wanted, 'containers': first,
-                'raw': self.raw(modes), 'hosts': self.hosts(), 'venv_pythons': self.venv_pythons()}
+                'raw': self.raw(modes), 'hosts': self.hosts(), 'venv_pythons': self.venv_pythons(),
+                'vmids': sorted(e['vmid'] for e in self.containers if isinstance(e, dict) and 'vmid' in e)}
 
     def venv_pythons(self):
         """{vmid: {name, dir, pythons}}: the venv profile of each entry, where it could be read, and the Pythons its

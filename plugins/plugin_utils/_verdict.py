@@ -156,9 +156,14 @@ def found(container, as_found):
 
 def nodes(devices):
     """{node: {driver_version, gpus}} of the nodes discovery read (devices: {node: its gpu_devices fact}): the loaded
-    driver's version and each GPU (index, pci_bus_id, uuid, name, where nvidia-smi said them)."""
+    driver's version and each GPU (index, pci_bus_id, uuid, name, where nvidia-smi said them, and held_by: the
+    containers of the node given it, [{vmid, name}], whoever made them)."""
+    def held(found, index):
+        by = found.get('held') or {}
+        return sorted(by.get(index) or by.get(str(index)) or [], key=lambda h: h.get('vmid') or 0)
     return dict((node, {'driver_version': found.get('driver_version'),
-                        'gpus': [dict((k, g.get(k)) for k in ('index', 'pci_bus_id', 'uuid', 'name'))
+                        'gpus': [dict([(k, g.get(k)) for k in ('index', 'pci_bus_id', 'uuid', 'name')],
+                                      held_by=held(found, g.get('index')))
                                  for g in found.get('gpus') or []]})
                 for node, found in sorted(devices.items()) if found)
 
@@ -188,6 +193,14 @@ def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachabl
     for entry in containers or []:
         declared = entry.get('state') or 'started'
         if declared == 'absent':
+            c = read.get(entry.get('vmid'))
+            if c is not None and c.get('status') == 'absent' and c.get('changed'):
+                # said, not counted: the run destroys it (check mode: would)
+                why = ('CT {0} on {1} is removed by a run (state absent)' if as_found else
+                       'CT {0} on {1} was destroyed (state absent)').format(entry.get('vmid'), c.get('node'))
+                rows.append({'host': entry.get('hostname'), 'node': c.get('node'), 'vmid': entry.get('vmid'),
+                             'profile': None, 'state': 'removed', 'ok': None, 'expected': False, 'why': why,
+                             'failures': [], 'gpus': []})
             continue
         host, vmid = entry.get('hostname'), entry.get('vmid')
         seen.add(host)

@@ -95,12 +95,12 @@ def test_drift_exit_codes_check_then_fix(fleet):
     shown = subprocess.run([os.path.join(BIN, 'gpufleet'), 'report', '--artifacts', str(fleet['home']), '--html',
                             str(page)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and 'drift: 1 item(s) found' in shown.stdout, shown.stderr
-    assert '<li>container cores: config cores differs</li>' in chromium('--dump-dom', page.as_uri())
+    assert '<li>container cores: config cores differs (2 -&gt; 1)</li>' in chromium('--dump-dom', page.as_uri())
 
     table = gpufleet(fleet['home'], fleet['file'], 'drift')  # the same, as lines (stdout is not a terminal)
     assert table.returncode == 2
-    assert 'cli-a (node pve1, CT 361): torch 2.13.0+cpu, cuda -, devices 0/-, ok yes\n  container cores: config cores ' \
-        'differs\n' in table.stdout and 'drift: 1 item(s) found' in table.stdout
+    assert 'cli-a (node pve1, CT 361): torch 2.13.0+cpu, cuda -, gpus 1 (not counted: a CPU torch), ok yes\n' \
+        '  container cores: config cores differs (2 -> 1)\n' in table.stdout and 'drift: 1 item(s) found' in table.stdout
 
     fixed = gpufleet(fleet['home'], fleet['file'], 'drift', '--fix', '--json', '--metrics', str(prom))
     result = as_json(fixed)

@@ -332,6 +332,11 @@ def test_a_node_that_is_down_is_reported_and_the_rest_of_the_fleet_carries_on(cl
         assert (rows['util-c3']['state'], rows['util-c3']['node']) == ('unreached', 'pve3')
         assert rows['util-c3']['why'] == ('CT 223 on pve3 was not reached: the run could not reach its node '
                                           '(unreachable, or a task failed there)')
+        # a drift check says the same: the down node's container is the fleet's, unreached, never an orphan
+        check = run_playbook(open(DRIFT).read(), tmp_path, '--check', inventory=CLUSTER)
+        found = json.loads((tmp_path / 'reports' / 'drift' / 'summary.json').read_text())
+        assert found['orphans'] == [] and [i['item'] for i in found['containers']['util-c3']] == ['unreached'], found
+        assert check.stats['pve3']['unreachable'] > 0
     finally:
         manager.node_up(cluster['lab'], 'pve3', say=lambda msg: None)
     back = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)

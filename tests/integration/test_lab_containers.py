@@ -192,6 +192,24 @@ def test_a_failed_devn_hotplug_fails_the_whole_change_and_writes_nothing(pve, no
     assert not [p for p in pve.ct(951).pending.get() if 'pending' in p or p.get('delete')]
 
 
+def test_a_new_devn_for_a_path_the_container_has_fails_as_pves_mknod_does(pve, node_ssh):
+    # src/PVE/LXC.pm create_passthrough_device_node: the node of a path already passed through exists in the
+    # container's passthrough directory, so its mknod fails, and with it the whole change (API2/LXC/Config.pm)
+    pve.create(952, cores=1, dev0='/dev/nvidia3')
+    pve.start(952)
+    with pytest.raises(ResourceException) as err:
+        pve.ct(952).config.put(dev1='/dev/nvidia3')
+    assert err.value.status_code == 400
+    assert 'unable to hotplug dev1: failed to mknod /var/lib/lxc/952/passthrough/dev/nvidia3: File exists' in str(
+        err.value.errors)
+    assert 'dev1' not in pve.ct(952).config.get()
+    # a stopped container takes the change, and its start fails as PVE's prestart hook does
+    pve.stop(952)
+    pve.ct(952).config.put(dev1='/dev/nvidia3')
+    st, log = pve.wait(pve.ct(952).status.start.post())
+    assert st['exitstatus'] != 'OK' and any('failed to mknod' in line for line in log), (st, log)
+
+
 def test_pct_exec_push_pull_and_exit_codes(lab, pve, node_ssh, tmp_path):
     pve.create(945)
     stopped = pct(node_ssh, 'exec 945 -- true')

@@ -85,18 +85,22 @@ def test_a_terminal_gets_a_table_and_a_log_gets_lines():
     from rich.console import Console
     from gpufleet.cli import show
     result = fleet.outcome('drift', False, 'successful', 0, stats(dark={'pve2': 1}),
-                           {'containers': [dict(ROW, devices_seen=4, devices_expected=4, cuda_version='12.8')]},
+                           {'containers': [dict(ROW, devices_seen=4, devices_expected=4, cuda_version='12.8',
+                                                gpus=[0, 1, 2, 3])]},
                            {'drift': True, 'count': 1, 'containers': {'train-0': [ITEM]}, 'nodes': {}})
     term = Console(force_terminal=True, width=200, record=True)
     show.render(result, term)
     text = term.export_text()
-    assert '┃ container ┃' in text and '│ train-0   │ pve1 │ 200  │ 2.11.0+cu128 │ 12.8 │ 4/4' in text
-    assert 'container cores: config cores differs' in text and 'pve2: unreachable' in text
+    assert '┃ container ┃' in text and '│ train-0   │ pve1 │ 200  │ 2.11.0+cu128 │ 12.8 │ gpus 4 (torch sees 4)' in text
+    assert 'container cores: config cores differs (2 -> 1)' in text and 'pve2: unreachable' in text
     log = Console(file=open('/dev/null', 'w'), force_terminal=False, width=80, record=True)
     show.render(result, log)
     assert log.export_text().splitlines() == [
-        'train-0 (node pve1, CT 200): torch 2.11.0+cu128, cuda 12.8, devices 4/4, ok yes',
-        '  container cores: config cores differs', 'pve2: unreachable', 'unreachable: pve2']
+        'train-0 (node pve1, CT 200): torch 2.11.0+cu128, cuda 12.8, gpus 4 (torch sees 4), ok yes',
+        '  container cores: config cores differs (2 -> 1)', 'pve2: unreachable', 'unreachable: pve2']
+    # a CPU torch in a container given GPUs counts none of them: said so, not "0 of 4"
+    cpu = dict(ROW, torch_version='2.13.0+cpu', devices_seen=0, devices_expected=None, gpus=[4, 5, 6, 7])
+    assert show._devices(cpu) == 'gpus 4 (not counted: a CPU torch)' and show._devices(dict(ROW, gpus=[])) == 'gpus 0'
 
 
 def events():

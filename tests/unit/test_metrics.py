@@ -57,7 +57,7 @@ def written(tmp_path, result, command, name='gpufleet.prom', started=100.0, ende
 def test_each_container_state_is_what_its_metrics_say(tmp_path):
     got = written(tmp_path, RESULT, 'drift')
     state = dict(((name[len('gpufleet_'):], dict(labels)['hostname']), value) for (name, labels), value in got.items()
-                 if 'hostname' in dict(labels) and name != 'gpufleet_container_info')
+                 if 'hostname' in dict(labels) and name not in ('gpufleet_container_info', 'gpufleet_gpu_held'))
 
     def of(host):
         return dict((name, value) for (name, h), value in state.items() if h == host)
@@ -83,6 +83,13 @@ def test_each_container_state_is_what_its_metrics_say(tmp_path):
     assert (got[('gpufleet_node_gpus', (('node', 'gpu01'),))], got[('gpufleet_node_gpus', (('node', 'util01'),))]) == \
         (8, 0)
     assert not [k for k in got if k[0] == 'gpufleet_node_driver_info' and ('node', 'util01') in k[1]]
+    # each GPU's holders, the fleet's (by the rows' gpus) and any other of the node (discovery's held_by)
+    holders = dict((tuple(v for k, v in labels), value) for (name, labels), value in got.items()
+                   if name == 'gpufleet_gpu_holders')
+    # GPU 0: train-0, -1, -3 and unread (train-2 is missing: it holds nothing yet); GPU 7: nobody
+    assert holders[('0', 'gpu01')] == 4 and holders[('7', 'gpu01')] == 0
+    assert got[('gpufleet_gpu_held', (('hostname', 'train-0'), ('in_fleet', 'yes'), ('index', '0'), ('node', 'gpu01'),
+                                      ('vmid', '101')))] == 1
     run = (('command', 'drift'),)
     assert (got[('gpufleet_last_run_timestamp_seconds', run)], got[('gpufleet_last_run_exit_code', run)],
             got[('gpufleet_run_duration_seconds', run)]) == (112.5, 2, 12.5)

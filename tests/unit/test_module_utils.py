@@ -433,7 +433,7 @@ def test_the_fleet_drift_joins_what_each_stage_saw():
     assert _drift.fleet({}, reconcile, definition, {}, None, False)['containers']['b'] == []
 
 
-def test_orphans_are_the_tagged_containers_the_definition_does_not_name_and_are_drift():
+def test_orphans_are_the_tagged_containers_the_definition_does_not_name_and_are_no_drift():
     guests = {201: {'type': 'lxc', 'node': 'pve1', 'name': 'a', 'status': 'running', 'tags': 'gpufleet;team-x'},
               205: {'type': 'lxc', 'node': 'pve2', 'name': 'old', 'status': 'running', 'tags': 'gpufleet'},
               206: {'type': 'lxc', 'node': 'pve2', 'name': 'mine', 'status': 'stopped', 'tags': 'gpufleet-dev'},
@@ -442,13 +442,17 @@ def test_orphans_are_the_tagged_containers_the_definition_does_not_name_and_are_
     assert _lxc.orphans(guests, 'gpufleet', {201}) == [
         {'vmid': 205, 'node': 'pve2', 'name': 'old', 'status': 'running'},
         {'vmid': 207, 'node': 'pve1', 'name': 'b', 'status': 'stopped'}]
+    # the fleet's containers on a node the run does not reach (known) are the fleet's, not orphans
+    assert [o['vmid'] for o in _lxc.orphans(guests, 'gpufleet', {201} | {205})] == [207]
     assert _lxc.tag_list('x, b;a') == ['a', 'b', 'x']
     definition = [{'vmid': 201, 'hostname': 'a', 'node': 'pve1'}]
     reconcile = {'containers': [_ct(201, 'running')],
                  'orphans': [{'vmid': 205, 'node': 'pve2', 'name': 'old', 'status': 'running'},
                              {'vmid': 209, 'node': 'pve1', 'name': 'a', 'status': 'stopped'}]}
     out = _drift.fleet({}, reconcile, definition, {}, None, True)
-    assert out['drift'] is True and out['count'] == 2 and out['containers']['a'] == []
+    # reported, left alone: neither drift nor anything a repair changes
+    assert out['drift'] is False and out['count'] == 0 and out['containers']['a'] == []
+    assert out['orphans'] == ['CT 209', 'old'] and out['containers']['old'][0]['left'] is True
     (old,) = out['containers']['old']
     assert (old['stage'], old['item'], old['vmid'], old['node']) == ('container', 'orphan', 205, 'pve2')
     assert 'CT 205 on pve2 (running) carries the fleet\'s tag' in old['detail']

@@ -78,8 +78,8 @@ def test_each_gpu_shows_who_holds_it():
     assert 'shared: nb-a, nb-b' in shared['text'] and '78:00.0' in shared['text']  # the bus id, domain 0 left out
     assert gpus[('gpu01', 7)]['class'] == 'gpu free' and 'free' in gpus[('gpu01', 7)]['text']
     assert gpus[('gpu01', 4)]['class'] == 'gpu failed'  # its holder runs and was not verified
-    assert 'train-2 (missing)' in gpus[('gpu02', 0)]['text'] and 'opacity:.5' in gpus[('gpu02', 0)]['style']
-    assert 'train-3 (stopped)' in gpus[('gpu02', 2)]['text']
+    assert 'train-2 (CT 201, missing)' in gpus[('gpu02', 0)]['text'] and 'opacity:.5' in gpus[('gpu02', 0)]['style']
+    assert 'train-3 (CT 202, stopped)' in gpus[('gpu02', 2)]['text']
     assert not [k for k in gpus if k[0] == 'util01']  # a CPU node has no grid
 
 

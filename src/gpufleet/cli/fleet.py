@@ -5,7 +5,10 @@ and exit codes for cron:
     0  clean: the run succeeded and verified every container of the fleet definition (drift: and found none)
     1  error: a task failed (a repair, a verification), a container of the fleet is missing, stopped or was
        not verified, or the run could not start
-    2  drift found (with --fix: found and repaired, and the fleet verified); drift only
+    2  drift found (with --fix: found and repaired, and the fleet verified; or written and waiting for a restart);
+       drift only
+    3  the fleet is clean, but containers outside its definition carry its tag (orphans: left alone, their GPUs
+       held); drift only
     4  hosts unreachable
 
 Each run keeps its artifacts and reports under a private (0700) directory, scrubbed of secrets.
@@ -21,7 +24,7 @@ import time
 
 from . import metrics, report, secrets, show
 
-CLEAN, ERROR, DRIFT, UNREACHABLE = 0, 1, 2, 4
+CLEAN, ERROR, DRIFT, ORPHANS, UNREACHABLE = 0, 1, 2, 3, 4
 CONTAINERS_GROUP = 'gpufleet_containers'  # the gpu_container role's gpu_container_group
 PLAYBOOKS = {'up': 'gpufleet.proxmox.site', 'drift': 'gpufleet.proxmox.drift', 'verify': 'gpufleet.proxmox.verify',
              'doctor': 'gpufleet.proxmox.doctor', 'driver-upgrade': 'gpufleet.proxmox.driver_upgrade'}
@@ -89,6 +92,18 @@ def host_stats(stats):
     return hosts
 
 
+def drop_codes(codes, drop):
+    """The exit-code lines of the module's doc without those of the codes in drop (their continuation lines too)."""
+    out, skipping = [], False
+    for line in codes.split('\n'):
+        code = line[:6].strip()
+        if code:
+            skipping = code in drop
+        if not skipping:
+            out.append(line)
+    return '\n'.join(out)
+
+
 def outcome(command, fix, runner_status, rc, stats, verified, drift):
     """The run's result from what ansible-runner and the reports say: rows per container, exit code, verdict.
 
@@ -104,7 +119,11 @@ def outcome(command, fix, runner_status, rc, stats, verified, drift):
     unreachable = sorted(h for h, s in hosts.items() if s['unreachable'])
     failed = sorted(h for h, s in hosts.items() if s['failures'])
     drift_found = bool((drift or {}).get('drift'))
-    count = (drift or {}).get('count', 0)
+    count, waiting = (drift or {}).get('count', 0), (drift or {}).get('waiting', 0)
+    orphans = (drift or {}).get('orphans') or []
+    left = ('; {0} orphan(s) left alone ({1}): containers that carry the fleet\'s tag outside its definition, their '
+            'GPUs held'.format(len(orphans), ', '.join(orphans))) if orphans else ''
+    waits = ', '.join((drift or {}).get('waiting_hosts') or [])
     judged = (verified or {}).get('expected') is not None
     fleet = 'verified {0} of {1} container(s)'.format((verified or {}).get('verified', 0), (verified or {}).get('expected'))
     if unreachable:
@@ -115,16 +134,28 @@ def outcome(command, fix, runner_status, rc, stats, verified, drift):
                                'ansible-playbook exited {0} ({1})'.format(rc, runner_status))
         if judged and not verified.get('ok'):
             verdict += '; ' + verified['verdict']
+    elif drift_found and fix:
+        code, verdict = DRIFT, 'drift: {0} item(s) repaired'.format(count - waiting)
+        if waiting:
+            verdict += ('; {0} wait for a restart ({1}), which takes the changes written: restart when their jobs '
+                        'allow, or let a run do it (restart_on_pending)'.format(waiting, waits))
+        verdict += ', and the fleet verified' + (' as it runs now' if waiting else '') + left
     elif drift_found:
-        code, verdict = DRIFT, 'drift: {0} item(s){1}'.format(count, ' repaired, and the fleet verified' if fix else
-                                                              ' found; `gpufleet drift --fix` repairs them')
+        code, verdict = DRIFT, 'drift: {0} item(s) found'.format(count)
+        if count > waiting:
+            verdict += '; `gpufleet drift --fix` repairs {0}'.format('them' if not waiting else
+                                                                    '{0} of them'.format(count - waiting))
+        if waiting:
+            verdict += ('; {0} take effect only when {1} restart(s): restart when their jobs allow, or let a run do it '
+                        '(restart_on_pending)'.format(waiting, waits))
+        verdict += left
     elif not judged:
         code, verdict = ERROR, 'error: the run wrote no verdict on the fleet (its summary.json is missing or unjudged)'
     elif not verified.get('ok'):
         code, verdict = ERROR, 'error: ' + verified['verdict']
     else:
-        code = CLEAN
-        verdict = 'clean: {0}{1}'.format(fleet, ', no drift' if command == 'drift' else '')
+        code = ORPHANS if orphans else CLEAN
+        verdict = 'clean: {0}{1}{2}'.format(fleet, ', no drift' if command == 'drift' else '', left)
     return {'command': command + (' --fix' if fix else ''), 'exit_code': code, 'verdict': verdict,
             'status': runner_status, 'rc': rc, 'drift': drift_found, 'drift_count': count, 'hosts': hosts,
             'nodes': nodes, 'containers': [containers[h] for h in sorted(containers)]}
@@ -339,11 +370,13 @@ def add_parsers(sub):
                                'kernels, the node rebooted, its containers started and verified; --check says what '
                                'it would do',
              'report': 'the fleet as one HTML page (--html FILE): each node\'s GPUs and who holds them, each '
-                       'container\'s versions, verdict and drift; from the last run, or from a drift check now (-i)'}
+                       'container\'s versions, verdict and drift; from the last run, or from a drift check now (-i); '
+                       'without --html, the run\'s table and each node\'s GPUs with their holders or free (--json: '
+                       'as JSON)'}
     codes = __doc__.split('\n\n')[1]
     for name in ('up', 'drift', 'verify', 'doctor', 'driver-upgrade', 'report'):
         # only drift runs write a drift report: up and verify never exit 2
-        own = codes if name == 'drift' else '\n'.join(line for line in codes.split('\n') if not line.startswith('    2 '))
+        own = codes if name == 'drift' else drop_codes(codes, ('2', '3'))
         if name == 'doctor':
             own = ('    0  ready: every check passed\n    1  not ready (a check failed; each says its fix), or the doctor '
                    'could not run')

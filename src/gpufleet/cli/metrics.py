@@ -11,7 +11,7 @@ metrics.
 import re
 import time
 
-from . import files
+from . import files, gpumap
 
 PREFIX = 'gpufleet_'
 
@@ -31,10 +31,15 @@ METRICS = (
      CONTAINER + ('torch_version', 'cuda_version', 'driver_version')),
     ('node_driver_info', 'The NVIDIA driver version loaded on the node (always 1).', ('node', 'driver_version')),
     ('node_gpus', 'GPUs on the node.', ('node',)),
+    ('gpu_holders', 'Containers that hold the node\'s GPU (0: free), the fleet\'s and any other of the node.',
+     ('node', 'index')),
+    ('gpu_held', 'A container that holds the node\'s GPU (always 1; in_fleet says whether it is the fleet\'s).',
+     ('node', 'index', 'vmid', 'hostname', 'in_fleet')),
     ('node_finding', 'A finding on the node that the last drift check made (always 1; item says which, such as '
      'module_build_failed: the kernel it boots next has no NVIDIA module).', ('node', 'item')),
     ('last_run_timestamp_seconds', 'When the last run of the command ended (Unix time).', ('command',)),
-    ('last_run_exit_code', 'The last run\'s exit code (0 clean, 1 error, 2 drift, 4 unreachable).', ('command',)),
+    ('last_run_exit_code', 'The last run\'s exit code (0 clean, 1 error, 2 drift, 3 orphans, 4 unreachable).',
+     ('command',)),
     ('run_duration_seconds', 'How long the last run of the command took.', ('command',)),
 )
 HELP = dict((name, (text, labels)) for name, text, labels in METRICS)
@@ -85,9 +90,12 @@ def samples(result, command, ended, took, before=()):
         if row.get('expected'):
             out.append(('verify_ok', ids, 1 if state == 'verified' else 0))
         if looked_for_drift:
-            # a repair run leaves no drift where it verified the fleet; what it could not repair stays
-            left = 0 if command == 'drift-fix' and result.get('exit_code') in (0, 2) else len(row.get('drift') or [])
-            out.append(('drift_items', ids, left))
+            # a repair run leaves no drift where it verified the fleet but what waits for a restart; what it could not
+            # repair stays. An orphan's item is no drift (it is left alone).
+            items = [i for i in row.get('drift') or [] if not i.get('left')]
+            if command == 'drift-fix' and result.get('exit_code') in (0, 2, 3):
+                items = [i for i in items if i.get('waits')]
+            out.append(('drift_items', ids, len(items)))
         elif (ids['node'], ids['vmid'], ids['hostname']) in drift_before:
             out.append(('drift_items', ids, drift_before[(ids['node'], ids['vmid'], ids['hostname'])]))
         if row.get('gpus') is not None:
@@ -103,6 +111,13 @@ def samples(result, command, ended, took, before=()):
         if info.get('driver_version'):
             out.append(('node_driver_info', {'node': node, 'driver_version': info['driver_version']}, 1))
         out.append(('node_gpus', {'node': node}, len(info.get('gpus') or [])))
+    for g in gpumap.gpu_map(result):
+        where = {'node': g['node'], 'index': str(g['index'])}
+        held = [h for h in g['holders'] if h.get('state') != 'missing']  # a container yet to be made holds nothing
+        out.append(('gpu_holders', where, len(held)))
+        for h in held:
+            out.append(('gpu_held', dict(where, vmid=str(h['vmid']), hostname=h.get('name') or '',
+                                         in_fleet='yes' if h['in_fleet'] else 'no'), 1))
     if command == 'drift':
         for node, items in sorted((result.get('nodes') or {}).items()):
             for item in sorted({i.get('item') for i in items if i.get('item')}):

@@ -13,10 +13,11 @@ import json
 import os
 import time
 
-from . import files, show
+from . import files, gpumap, show
 
 # colours told apart on a white page and in grey print; a container's is its place in the sorted fleet
 # (no red: red is for failed)
+FOREIGN = '#3b4252'  # a container outside the fleet that holds a GPU
 PALETTE = ('#4e79a7', '#f28e2b', '#59a14f', '#76b7b2', '#edc948', '#b07aa1', '#9c755f', '#2f4b7c', '#a05195',
            '#665191', '#3d8b8b', '#8c6d31')
 STATES = {'verified': 'ok', 'failed': 'bad', 'missing': 'bad', 'stopped': 'off', 'unreached': 'warn',
@@ -49,36 +50,34 @@ def colours(rows):
     return dict((h, PALETTE[i % len(PALETTE)]) for i, h in enumerate(hosts))
 
 
-def gpu_cells(node, info, rows, colour):
-    """The node's GPUs as cells: those discovery read, and any index a container is given that it did not."""
-    gpus = dict((g.get('index'), g) for g in (info or {}).get('gpus') or [] if g.get('index') is not None)
-    holders, state = {}, {}
-    for r in rows:
-        state[r.get('host')] = r.get('state')
-        for index in r.get('gpus') or []:
-            holders.setdefault(index, []).append(r.get('host'))
+def gpu_cells(node, gpus, colour):
+    """The node's GPUs as cells (gpus: gpumap's entries of the node): each coloured by the fleet's container that
+    holds it, striped where several do, dark where a container outside the fleet holds it, grey where it is free."""
     out = []
-    for index in sorted(set(gpus) | set(holders)):
-        who = holders.get(index) or []
-        bus = (gpus.get(index) or {}).get('pci_bus_id') or ''
-        # a holder that does not run (missing, stopped) is named so, and its colour faded
-        names = ['{0} ({1})'.format(h, state[h]) if state.get(h) in ('missing', 'stopped') else h for h in who]
+    for g in gpus:
+        who = g['holders']
+        bus = g.get('pci_bus_id') or ''
+        names = [gpumap.holder_label(h) if not h['in_fleet'] or h.get('state') in ('missing', 'stopped')
+                 else h['name'] for h in who]
+        tones = [colour.get(h['name']) if h['in_fleet'] else FOREIGN for h in who]
         if not who:
             style, cls, label = '', 'gpu free', 'free'
         elif len(who) == 1:
-            style, cls, label = 'background:{0}'.format(colour[who[0]]), 'gpu', names[0]
-        else:  # gpu_sharing: stripes of every holder's colour
-            stops = ','.join('{0} {1}% {2}%'.format(colour[h], 100 * i // len(who), 100 * (i + 1) // len(who))
-                             for i, h in enumerate(who))
+            style, cls, label = 'background:{0}'.format(tones[0]), 'gpu', names[0]
+        else:  # shared (gpu_sharing, or by accident with a container outside the fleet): stripes of every holder's
+            stops = ','.join('{0} {1}% {2}%'.format(t, 100 * i // len(who), 100 * (i + 1) // len(who))
+                             for i, t in enumerate(tones))
             style, cls, label = 'background:linear-gradient(135deg,{0})'.format(stops), 'gpu', 'shared: ' + ', '.join(names)
-        if who and all(state.get(h) in ('missing', 'stopped') for h in who):
+        if who and all(h.get('state') in ('missing', 'stopped') for h in who):
             style += ';opacity:.5'
-        if any(state.get(h) in ('failed', 'unreached') for h in who):
-            cls += ' failed'  # a holder runs but was not verified
+        if any(h.get('state') in ('failed', 'unreached') for h in who) or any(not h['in_fleet'] for h in who):
+            cls += ' failed'  # a holder runs but was not verified, or is not the fleet's
         out.append('<div class="{0}" style="{1}" title="{2}" data-gpu="{3}" data-holders="{4}"><div class="ix">GPU {3}'
                    '</div><div class="who">{5}</div><div>{6}</div></div>'.format(
-                       cls, style, esc('GPU {0} of {1}{2}: {3}'.format(index, node, ' ' + bus if bus else '', label)),
-                       esc(index), esc(' '.join(who)), esc(label), esc(short_bus(bus))))
+                       cls, style, esc('GPU {0} of {1}{2}: {3}'.format(g['index'], node, ' ' + bus if bus else '',
+                                                                       label)),
+                       esc(g['index']), esc(' '.join(str(h['name'] if h['in_fleet'] else 'CT {0}'.format(h['vmid']))
+                                                     for h in who)), esc(label), esc(short_bus(bus))))
     return out
 
 
@@ -113,6 +112,7 @@ def page(result):
     info = result.get('node_info') or {}
     node_drift = result.get('nodes') or {}
     nodes = sorted(set(info) | set(r.get('node') for r in rows if r.get('node')) | set(node_drift))
+    gpus = gpumap.gpu_map(result)
     ended = result.get('ended')
     when = time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(ended)) if ended else 'unknown time'
     parts = ['<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>gpufleet: the fleet</title>',
@@ -129,7 +129,7 @@ def page(result):
             ('NVIDIA driver {0}, {1} GPU(s)'.format(esc(seen['driver_version']), len(seen.get('gpus') or []))
              if seen.get('driver_version') else 'no NVIDIA driver loaded, no GPU') if seen else
             'the run did not read this node (unreachable, or limited out of the run)'))
-        cells = gpu_cells(node, seen, mine, colour)
+        cells = gpu_cells(node, [g for g in gpus if g['node'] == node], colour)
         if cells:
             parts.append('<div class="grid">{0}</div>'.format(''.join(cells)))
         if node_drift.get(node):
@@ -160,8 +160,9 @@ def last_result(home):
 
 
 def command(args):
-    """gpufleet report: the page of the last run (or, with -i, of a drift check made now), written to --html, or the
-    run's table without it."""
+    """gpufleet report: the page of the last run (or, with -i, of a drift check made now), written to --html; without
+    it, the run's table and each node's GPUs with who holds them (with --json, the run's result and that map as
+    JSON)."""
     from . import fleet
     if args.inventory:
         result = fleet.execute(args, command='drift')
@@ -172,8 +173,13 @@ def command(args):
             show.error('no run with a result is kept under {0}: run gpufleet up, drift or verify first, or give '
                        '-i INVENTORY for a drift check now'.format(home))
             return 1
+    if getattr(args, 'json', False) and not args.html:
+        print(json.dumps(dict(result, gpus=gpumap.gpu_map(result)), indent=2, sort_keys=True))
+        return 0
     if not args.html:
         show.render(result)
+        for line in gpumap.lines(result):
+            print(line)
         return 0
     files.publish(args.html, page(result))
     print('wrote {0}: {1}'.format(args.html, result.get('verdict')))

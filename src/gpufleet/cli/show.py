@@ -84,16 +84,31 @@ class Progress:
 
 
 def _devices(row):
-    seen, want = row.get('devices_seen'), row.get('devices_expected')
-    if seen is None and want is None:
+    """The GPUs a container is given, and what torch saw of them where its verification counted them (CUDA required);
+    a CPU torch, or a venv whose CUDA is not required, is said not to be checked."""
+    gpus, seen, want = row.get('gpus'), row.get('devices_seen'), row.get('devices_expected')
+    if gpus is None and seen is None and want is None:
         return '-'
-    return '{0}/{1}'.format('-' if seen is None else seen, '-' if want is None else want)
+    given = 'gpus {0}'.format(len(gpus) if gpus is not None else want if want is not None else '-')
+    if want is not None:
+        return '{0} (torch sees {1})'.format(given, '-' if seen is None else seen)
+    if gpus and row.get('state') in ('verified', 'failed'):
+        return '{0} (not counted: {1})'.format(given, 'a CPU torch' if not row.get('cuda_version') else
+                                               'CUDA not required')
+    return given
 
 
 def drift_line(item):
-    """One drift item (a container's or a node's) as a line: stage, item, detail, and its fix where it has one."""
+    """One drift item (a container's or a node's) as a line: stage, item, detail, what it was and is to be (before
+    and after, where the item has them), and its fix where it has one."""
     line = '{0} {1}: {2}'.format(item.get('stage', ''), item.get('item', ''), item.get('detail', '')).strip()
+    if ('before' in item or 'after' in item) and item.get('item') not in ('power', 'removal'):
+        line += ' ({0} -> {1})'.format(_shown(item.get('before')), _shown(item.get('after')))
     return line + (' (fix: {0})'.format(item['fix']) if item.get('fix') and item['fix'] != item.get('detail') else '')
+
+
+def _shown(value):
+    return 'none' if value is None else str(value)
 
 
 def _drift_lines(row):
@@ -161,7 +176,7 @@ def render(result, console=None):
     rows = result['containers']
     if rows and console.is_terminal:
         table = Table(title='containers', title_justify='left')
-        for col in ('container', 'node', 'vmid', 'torch', 'cuda', 'devices seen/expected', 'ok', 'drift'):
+        for col in ('container', 'node', 'vmid', 'torch', 'cuda', 'gpus', 'ok', 'drift'):
             table.add_column(col)
         for row in rows:
             table.add_row(row['host'], str(row.get('node') or '-'), str(row.get('vmid') or '-'),
@@ -171,7 +186,7 @@ def render(result, console=None):
         console.print(table)
     else:
         for row in rows:
-            console.print('{0} (node {1}, CT {2}): torch {3}, cuda {4}, devices {5}, ok {6}'.format(
+            console.print('{0} (node {1}, CT {2}): torch {3}, cuda {4}, {5}, ok {6}'.format(
                 row['host'], row.get('node') or '-', row.get('vmid') or '-', row.get('torch_version') or '-',
                 row.get('cuda_version') or '-', _devices(row), _ok(row)), markup=False, soft_wrap=True)
             for line in _drift_lines(row) + row.get('failures', []):

@@ -145,7 +145,7 @@ class Containers:
         d = self.lab.ct_dir(vmid)
         lower = self.lab.base_rootfs_of(self.release(vmid), self.unprivileged(config))
         try:
-            passthrough = self._passthrough(vmid, config, lxcconf.devices(config))
+            passthrough = self._passthrough(vmid, config, lxcconf.devices(config), fresh=True)
             text = lxcconf.render(vmid, config, self.lab, self.cgroup_v2, lower, passthrough,
                                   self.balanced_cpus(vmid, config))
             for path, body in lxcconf.network_files(config).items():
@@ -259,9 +259,15 @@ class Containers:
              '--owner', str(owner)])
 
     # -- files -------------------------------------------------------------------
-    def _passthrough(self, vmid, config, devices):
-        """Make the device nodes a container gets, as PVE does: mknod with the entry's mode/uid/gid."""
+    def _passthrough(self, vmid, config, devices, fresh=False):
+        """Make the device nodes a container gets, as PVE does: mknod with the entry's mode/uid/gid, in the
+        container's passthrough directory, which a start makes afresh (fresh: lxc-pve-prestart-hook mounts a new
+        tmpfs there) and a hotplug adds to. A path whose node is there already fails as PVE's mknod does (src/PVE/LXC.pm
+        create_passthrough_device_node), so two devN of one path stop a start, and a new devN for a path the running
+        container has fails its hotplug."""
         base = os.path.join(self.lab.ct_dir(vmid), 'passthrough')
+        if fresh:
+            shutil.rmtree(base, ignore_errors=True)
         shift = self.owner(config)
         out = {}
         for key, props in devices:
@@ -269,7 +275,8 @@ class Containers:
             path = os.path.join(base, props['path'].lstrip('/'))
             os.makedirs(os.path.dirname(path), exist_ok=True)
             if os.path.lexists(path):
-                os.unlink(path)
+                raise BackendError('failed to mknod /var/lib/lxc/{0}/passthrough{1}: File exists'.format(
+                    vmid, props['path']))
             os.mknod(path, mode | (stat.S_IFCHR if kind == 'c' else stat.S_IFBLK), os.makedev(major, minor))
             os.chmod(path, mode)
             os.chown(path, int(props.get('uid', 0)) + shift, int(props.get('gid', 0)) + shift)
