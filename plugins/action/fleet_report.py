@@ -81,7 +81,8 @@ class ActionModule(ControllerAction):
                 run = args['run'] or {}
                 reports = seen.reports(run.get('id'))
                 verdict = _verdict.fleet(reports, seen.definition, seen.reconcile, run, check_mode, seen.unreachable,
-                                         seen.gpus, seen.failed())
+                                         seen.gpus, seen.failed(), task_vars.get('ansible_limit'),
+                                         args['containers_group'])
                 verdict['nodes'] = _verdict.nodes(seen.devices())
                 judged = set(row['host'] for row in verdict['containers'] if row['state'] in ('verified', 'failed'))
                 files = dict((r['host'], r) for r in reports if r.get('host') in judged)

@@ -81,5 +81,5 @@ def stale(files):
                     why = 'has mode {0:04o}, not {1}'.format(mode, item['mode'])
         if why:
             out.append({'code': 'file_stale', 'path': path, 'msg': '{0} {1}'.format(path, why),
-                        'fix': 'run the gpu_node role (it writes the file)'})
+                        'fix': 'gpufleet up, or gpufleet drift --fix (the node stage writes it)'})
     return out

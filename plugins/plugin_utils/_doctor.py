@@ -13,7 +13,7 @@ GIB = 1024 ** 3
 
 # What discovery finds that a site run makes or mends by itself (gpu_node): not a reason to wait.
 MADE_BY_THE_RUN = ('nvidiactl_missing', 'gpu_nodes_missing', 'uvm_node_missing', 'uvm_node_stale', 'share_missing',
-                   'share_owner', 'share_mode')
+                   'share_owner', 'share_mode', 'file_stale')
 
 
 def row(where, check, ok, detail, fix=''):

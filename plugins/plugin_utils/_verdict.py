@@ -137,6 +137,8 @@ NOT_VERIFIED = {
     'unread': 'CT {vmid} was not read through the API: the containers stage did not run or failed',
     'node_unreachable': 'CT {vmid} on {node} was not reached: the run could not reach its node (unreachable, or a '
                         'task failed there)',
+    'limited': 'CT {vmid} runs on {node} but was not verified: this run\'s --limit ({limit}) leaves its container out '
+               '(gpufleet --node {node}, or add {group}_{node} to --limit)',
 }
 
 
@@ -168,7 +170,8 @@ def nodes(devices):
                 for node, found in sorted(devices.items()) if found)
 
 
-def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachable=(), gpus=None, failed=None):
+def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachable=(), gpus=None, failed=None,
+          limit=None, group='gpufleet_containers'):
     """The fleet's verification as one verdict over every container of the fleet definition, not only the ones
     this run reached. reports: the verify role's reports of this run (others, from an earlier run, are ignored
     where run is given); containers: the fleet definition's entries; reconcile: gpu_container's lxc_container
@@ -178,7 +181,8 @@ def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachabl
     that the fleet declares stopped are listed and not counted, unless they are missing. Each row has gpus, the
     GPU indexes the container is given: gpus ({vmid: indexes}, the run's plan) where it has them, else the entry's
     own list. failed: {host: the message of the task that failed on it} - a running container without a report whose
-    task failed is failed, with that message, not unreached."""
+    task failed is failed, with that message, not unreached. limit: the run's --limit, which is said where it left a
+    running container unverified (group: the containers' inventory group)."""
     run, gpus = run or {}, gpus or {}
 
     def given(vmid, entry):
@@ -223,7 +227,9 @@ def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachabl
             state, why = 'failed', 'CT {vmid} on {node}: ' + failed[host].replace('{', '{{').replace('}', '}}')
         else:
             state = 'unreached'
-        why = (why or NOT_VERIFIED[state]).format(vmid=vmid, node=node, status=status)
+            if limit:  # the run was limited: most likely to its nodes without their containers
+                why = NOT_VERIFIED['limited']
+        why = (why or NOT_VERIFIED[state]).format(vmid=vmid, node=node, status=status, limit=limit, group=group)
         expected = declared != 'stopped' or state == 'missing'
         rows.append({'host': host, 'node': node, 'vmid': vmid, 'profile': entry.get('profile'), 'state': state,
                      'ok': False if expected else None, 'expected': expected, 'why': why,

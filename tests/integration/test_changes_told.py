@@ -149,3 +149,38 @@ def test_a_removal_is_said_in_the_check_and_in_the_run_that_makes_it(fleet):
     row = next(r for r in result['containers'] if r['host'] == 'told-b')
     assert rc == 0 and (row['state'], row['why']) == ('removed', 'CT {0} on pve1 was destroyed (state absent)'.format(B))
     assert B not in [r['vmid'] for r in fleet['pve'].api.cluster.resources.get(type='vm')]
+
+
+def test_what_stops_a_run_says_what_to_do(fleet, tmp_path):
+    import shutil
+    from conftest import ROOT
+    mine = write(fleet, [entry(A, 'told-a', [4, 5, 6, 7], memory=1024)])
+    # --metrics into a directory that is not there: said before anything runs
+    missing = gpufleet(fleet['home'], mine, 'drift', '--metrics', str(tmp_path / 'nowhere' / 'x.prom'))
+    assert missing.returncode == 1 and missing.stdout == ''
+    assert 'is not a directory this user can write to; make it (mkdir -p {0})'.format(tmp_path / 'nowhere') in \
+        missing.stderr
+    # a node the inventory does not have
+    rc, result = run(mine, fleet['home'], 'drift', '--node', 'pve9')
+    assert rc == 1 and result['verdict'] == ("error: --node pve9: no such node in the inventory's pve_nodes "
+                                             '(ansible-inventory --graph pve_nodes lists them)')
+    # a vaulted login without the vault's password
+    vaulted = tmp_path / 'inventory'
+    shutil.copytree(ROOT + '/inventories/lab', str(vaulted), symlinks=True)
+    (tmp_path / 'pass').write_text('secret\n')
+    enc = subprocess.run([BIN + '/ansible-vault', 'encrypt_string', '--vault-password-file', str(tmp_path / 'pass'),
+                          'x', '--name', 'gpufleet_api_password'], capture_output=True, text=True, check=True)
+    (vaulted / 'group_vars' / 'all' / 'vault.yml').write_text(enc.stdout)
+    for command in ('drift', 'doctor'):
+        done = subprocess.run([BIN + '/gpufleet', command, '-i', str(vaulted), '-e', '@' + str(mine), '--json',
+                               '--artifacts', str(fleet['home'])], cwd=ROOT, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 1 and json.loads(done.stdout)['verdict'] == (
+            'error: the inventory holds vaulted values and no vault password was given: add --vault-password-file '
+            'FILE (or set ANSIBLE_VAULT_PASSWORD_FILE)'), (command, done.stdout[-2000:])
+    # --limit to the node alone leaves its containers out: said so, with the way to include them
+    rc, result = run(mine, fleet['home'], 'verify', '--limit', 'pve1')
+    row = next(r for r in result['containers'] if r['host'] == 'told-a')
+    assert rc == 1 and row['state'] == 'unreached'
+    assert row['why'] == ("CT {0} runs on pve1 but was not verified: this run's --limit (pve1) leaves its container "
+                          'out (gpufleet --node pve1, or add gpufleet_containers_pve1 to --limit)'.format(A))

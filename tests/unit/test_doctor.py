@@ -29,10 +29,13 @@ def test_gpu_checks_apply_only_where_containers_ask_for_gpus():
     # what the first run makes by itself is not a reason to wait; a driver it cannot gather is
     seen = {'driver_version': '580.95.05', 'gpus': [{}, {}], 'findings': [
         {'code': 'uvm_node_missing', 'msg': '/dev/nvidia-uvm is missing'},
+        {'code': 'file_stale', 'msg': '/usr/local/sbin/gpufleet-nvidia-nodes is missing'},
         {'code': 'bundle_stale', 'fix': 'install the userspace driver of the loaded module', 'msg': 'no libcuda'}]}
     rows = _doctor.driver_rows('gpu01', seen, 1)
     assert [(r['check'], r['ok']) for r in rows] == [('driver', True), ('devices', True), ('bundle_stale', False)]
-    assert rows[1]['detail'] == 'the first run makes: /dev/nvidia-uvm is missing'
+    # a fresh node's boot script and unit too: the first run writes them
+    assert rows[1]['detail'] == ('the first run makes: /dev/nvidia-uvm is missing; /usr/local/sbin/gpufleet-nvidia-nodes '
+                                 'is missing')
 
 
 def test_storage_room_is_counted_per_storage_for_the_new_root_disks():

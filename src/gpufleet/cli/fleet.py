@@ -250,6 +250,20 @@ def ansible_settings():
     return out
 
 
+def known_cause(said, args, limit):
+    """What stopped a run, in words that say what to do, where Ansible's output (said) shows a cause a newcomer meets:
+    a vaulted inventory without its password, a --node or --limit that matches no host; else None."""
+    if 'no vault secrets' in said or 'Attempting to decrypt but no vault secrets found' in said:
+        return ('the inventory holds vaulted values and no vault password was given: add --vault-password-file FILE '
+                '(or set ANSIBLE_VAULT_PASSWORD_FILE)')
+    if 'Could not match supplied host pattern' in said or 'leaves us with no hosts to target' in said:
+        if getattr(args, 'node', None):
+            return '--node {0}: no such node in the inventory\'s pve_nodes (ansible-inventory --graph pve_nodes lists ' \
+                   'them)'.format(', '.join(args.node))
+        return '--limit {0} matches no host of the inventory (ansible-inventory --graph lists them)'.format(limit)
+    return None
+
+
 def node_limit(nodes, group=CONTAINERS_GROUP):
     """--node: the host pattern of those nodes and their containers (the gpu_container role puts a node's running
     containers in <group>_<node>, its name's other characters as _), which join the inventory during the run."""
@@ -278,6 +292,11 @@ def execute(args, command=None):
     import ansible_runner
 
     command = command or args.command
+    if getattr(args, 'metrics', None):
+        where = os.path.dirname(os.path.abspath(args.metrics))
+        if not os.path.isdir(where) or not os.access(where, os.W_OK):
+            raise SystemExit(show.error_text('--metrics {0}: {1} is not a directory this user can write to; make it '
+                                             '(mkdir -p {1}) or name a file in one'.format(args.metrics, where)))
     os.umask(0o077)
     started = time.time()
     home = private_dir(os.path.abspath(os.path.expanduser(args.artifacts or default_home())))
@@ -317,8 +336,13 @@ def execute(args, command=None):
         result = outcome(command, fix, r.status, r.rc, r.stats, summary,
                          read_json(os.path.join(reports, 'drift', 'summary.json')))
         result['node_info'] = (summary or {}).get('nodes') or {}
-    if r.stats is None:
-        tail = scrubber.text(''.join(r.stdout.readlines()[-20:]))
+    said = ''.join(r.stdout.readlines())
+    why = known_cause(said, args, limit)
+    if why:
+        result['verdict'] = 'error: ' + why
+        result['exit_code'] = result['exit_code'] or ERROR
+    elif r.stats is None:
+        tail = scrubber.text('\n'.join(said.splitlines()[-20:]))
         show.error('ansible-playbook did not run its plays:\n' + tail)
     artifacts = os.path.join(home, 'artifacts', ident)
     result.update(artifacts=artifacts, reports=reports, started=round(started, 3), ended=round(ended, 3))

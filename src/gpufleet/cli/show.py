@@ -201,8 +201,12 @@ def render(result, console=None):
     console.print(result['verdict'], markup=False, soft_wrap=True)
 
 
+def error_text(message):
+    return 'gpufleet: ' + message
+
+
 def error(message):
-    print('gpufleet: ' + message, file=sys.stderr)
+    print(error_text(message), file=sys.stderr)
 
 
 def warn(message):
