@@ -99,7 +99,13 @@ def test_a_gpu_named_by_uuid_follows_its_card_when_cards_swap_slots(tmp_path, pv
         assert check.rc == 0, check.stdout[-3000:]
         items = dict((h, sorted(i['item'] for i in found)) for h, found in summary(tmp_path)['containers'].items())
         assert 'dev0' in items['by-card'] and 'dev0' not in items['by-slot'], items
-        # the containers started again at boot (onboot), by-card on slot 5's card: the new devN waits for a restart,
+        # the containers started again at boot (onboot), by-card on slot 5's card: PVE 9 hot-plugs the new device, and
+        # the old one goes only at a restart: a repair not allowed to restart says it waits, never that it repaired it
+        waits = drift(tmp_path, fleet, '--skip-tags', 'venv,verify')
+        assert waits.rc == 0, waits.stdout[-3000:]
+        told = summary(tmp_path)
+        assert told['waiting_hosts'] == ['by-card'] and told['waiting'] >= 1, told
+        assert [i['item'] for i in told['containers']['by-card'] if i.get('waits')][-1] == 'restart'
         # which the repair makes where it is told to
         fixed = drift(tmp_path, fleet, '--skip-tags', 'venv,verify', '-e', 'gpu_container_restart_on_pending=true')
         assert fixed.rc == 0, fixed.stdout[-3000:]
