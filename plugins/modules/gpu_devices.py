@@ -76,7 +76,7 @@ options:
   pve_root:
     description:
       - PVE's cluster file system, whose container config files say which containers of the node are given each GPU
-        (RV(ansible_facts.gpufleet_gpu_devices.held)).
+        (the fact's C(held)).
     type: path
     default: /etc/pve
   node:
@@ -169,7 +169,7 @@ ansible_facts:
           log, C(packages) the driver's Debian packages with their version and whether held), and with a loaded
           driver C(installed_versions), the userspace driver versions found in the bundle's C(lib_dirs), newest
           last; C(held), by GPU index, the containers of the node given that GPU's device node (vmid and name,
-          whoever made them: a devN, pending or not, or a raw mount entry).
+          whoever made them - a devN, pending or not, or a raw mount entry).
       type: dict
       returned: always
 '''

@@ -185,7 +185,7 @@ options:
   orphan_known:
     description:
       - Vmids of containers that belong with the call's though it does not reconcile them (the fleet's containers on a
-        node the run does not reach: down, or outside C(--limit)), never reported as orphans.
+        node the run does not reach - down, or outside C(--limit)), never reported as orphans.
     type: list
     elements: int
     default: []

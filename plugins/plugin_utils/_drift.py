@@ -26,7 +26,7 @@ def node(gpu_devices):
 
 def _named(key, config):
     """A config key as the operator knows it: a devN with its device's path."""
-    path = str((config or {}).get(key) or '').split('path=')[-1].split(',')[0] if key.startswith('dev') else ''
+    path = str((config or {}).get(key) or '').rsplit('path=', maxsplit=1)[-1].split(',')[0] if key.startswith('dev') else ''
     return '{0} ({1})'.format(key, path) if path else key
 
 
