@@ -22,6 +22,9 @@ from ansible_collections.gpufleet.proxmox.plugins.module_utils._nvidia_kernel im
 VERSION_RE = re.compile(r'Kernel Module(?: for [^ ]+)?\s+(\d+\.\d+(?:\.\d+)?)')
 
 
+# The fix of a driver bundle that is out of date where the node's loaded driver can be gathered again (a run does it).
+GATHER = 'gather it again (driver_bundle)'
+
 def driver_version(proc_root='/proc'):
     """The kernel module's version from /proc/driver/nvidia/version, or None without a driver."""
     try:
@@ -291,7 +294,7 @@ def bundle_findings(path, version, **files):
                         'the module until the node is rebooted'.format(upgraded, version)}]
     if not stale:
         return []
-    return [{'code': 'bundle_stale', 'path': path, 'fix': 'gather it again (driver_bundle)',
+    return [{'code': 'bundle_stale', 'path': path, 'fix': GATHER,
              'msg': 'the driver bundle {0} lacks or holds another copy of {1}'.format(
                  path, ', '.join(rel for rel, _src, _target in stale))}]
 

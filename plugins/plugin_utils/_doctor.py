@@ -7,13 +7,10 @@ tasks'. A row that is not ok stops a first run; its fix says what to do."""
 
 import re
 
-from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _container_python, _profile
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _container_python, _drift, _profile
 
 GIB = 1024 ** 3
 
-# What discovery finds that a site run makes or mends by itself (gpu_node): not a reason to wait.
-MADE_BY_THE_RUN = ('nvidiactl_missing', 'gpu_nodes_missing', 'uvm_node_missing', 'uvm_node_stale', 'share_missing',
-                   'share_owner', 'share_mode', 'file_stale')
 
 
 def row(where, check, ok, detail, fix=''):
@@ -80,7 +77,7 @@ def driver_rows(node, devices, gpus_asked):
                     'to a GPU node')]
     out = [row(node, 'driver', True, 'NVIDIA {0}, {1} GPU(s)'.format(version, len(devices.get('gpus') or [])))]
     findings = devices.get('findings') or []
-    made = [f for f in findings if f.get('code') in MADE_BY_THE_RUN or f.get('fix') == 'gather it again (driver_bundle)']
+    made = [f for f in findings if _drift.mended_by_a_run(f)]  # what a site run makes by itself: no reason to wait
     blocking = [f for f in findings if f not in made and f.get('code') != 'driver_not_loaded']
     if made:
         out.append(row(node, 'devices', True, 'the first run makes: ' + '; '.join(f.get('msg', f['code']) for f in made)))

@@ -6,6 +6,8 @@ what a repair run would change), as items {stage, item, detail} per node and per
 
 import re
 
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia
+
 # A container's mount points and devices (mpN, devN): the fleet's, all of them.
 HAND_MADE = re.compile(r'^(mp|dev)[0-9]+$')
 
@@ -16,12 +18,31 @@ def _item(stage, item, detail, **extra):
     return out
 
 
+# What a run's node stage (gpu_node) mends of discovery's findings: the device nodes and nvidia-uvm, the boot files,
+# the driver bundle, the shared directories. Any other finding (a driver not held, a module not built for the kernel
+# the node boots next, a driver not loaded) is the operator's: a run never says it repaired one.
+NODE_MENDED = ('nvidiactl_missing', 'gpu_nodes_missing', 'uvm_not_loaded', 'uvm_node_missing', 'uvm_node_stale',
+               'file_stale', 'share_missing', 'share_owner', 'share_mode')
+
+
+def mended_by_a_run(finding):
+    """Whether a run's node stage mends this discovery finding (NODE_MENDED, or a driver bundle it can gather)."""
+    return finding.get('code') in NODE_MENDED or (finding.get('code') == 'bundle_stale'
+                                                  and finding.get('fix') == _nvidia.GATHER)
+
+
 def node(gpu_devices):
     """A node's drift: gpu_devices' findings (nvidia-uvm not loaded, its nodes missing or stale, no driver, a
     shared directory missing or not as it should be, the driver bundle out of date, the driver across the node's
-    kernels and its packages), each with its fix where it has one."""
-    return [_item('node', f.get('code'), f.get('msg') or f.get('fix') or '', **({'fix': f['fix']} if f.get('fix') else {}))
-            for f in (gpu_devices or {}).get('findings') or []]
+    kernels and its packages), each with its fix where it has one; those a run does not mend (NODE_MENDED) marked
+    yours (the fix is the operator's)."""
+    out = []
+    for f in (gpu_devices or {}).get('findings') or []:
+        extra = {'fix': f['fix']} if f.get('fix') else {}
+        if not mended_by_a_run(f):
+            extra['yours'] = True
+        out.append(_item('node', f.get('code'), f.get('msg') or f.get('fix') or '', **extra))
+    return out
 
 
 def _named(key, config):
@@ -186,14 +207,17 @@ def fleet(devices, reconcile, definition, running, verdict, check_mode):
 
 def summary(nodes, containers, check_mode):
     """The fleet's drift report: every node's and container's items, and counts: count, the drift a run repairs (in
-    repair mode, repaired), of which waiting wait for a restart (in repair mode: written, not applied); orphans, the
-    containers left alone, which are no drift of the fleet's."""
+    repair mode, repaired), of which waiting wait for a restart (in repair mode: written, not applied) and yours are
+    the operator's to fix (a run never mends them); orphans, the containers left alone, which are no drift of the
+    fleet's."""
     hosts = dict(('node/' + k, v) for k, v in (nodes or {}).items())
     hosts.update(('container/' + k, v) for k, v in (containers or {}).items())
     every = [i for v in hosts.values() for i in v]
     drift = [i for i in every if not i.get('left')]
     return {'mode': 'check' if check_mode else 'repair', 'drift': bool(drift), 'count': len(drift),
             'waiting': sum(1 for i in drift if i.get('waits')),
+            'yours': sum(1 for i in drift if i.get('yours')),
+            'yours_hosts': sorted(h.split('/', 1)[1] for h, v in hosts.items() if any(i.get('yours') for i in v)),
             'waiting_hosts': sorted(h.split('/', 1)[1] for h, v in hosts.items() if any(i.get('waits') for i in v)),
             'orphans': sorted(h.split('/', 1)[1] for h, v in hosts.items() if any(i.get('left') for i in v)),
             'nodes': nodes or {}, 'containers': containers or {}}

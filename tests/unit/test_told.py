@@ -123,3 +123,19 @@ def test_the_gpu_map_names_every_holder_and_says_free():
     assert gpumap.gpu_map(result)[2]['free'] is True and gpumap.lines(result)[2] == 'pve1 GPU 2 GPU-2: free'
     assert show.drift_line({'stage': 'container', 'item': 'power', 'detail': 'CT 1 is stopped: start it',
                             'before': 'stopped', 'after': 'running'}) == 'container power: CT 1 is stopped: start it'
+
+
+def test_what_a_run_does_not_mend_is_never_said_repaired():
+    found = {'findings': [{'code': 'uvm_node_missing', 'msg': '/dev/nvidia-uvm is missing'},
+                          {'code': 'driver_not_held', 'msg': 'the driver packages are not held',
+                           'fix': 'apt-mark hold nvidia-driver'}]}
+    nodes = {'pve1': _drift.node(found)}
+    assert [i.get('yours') for i in nodes['pve1']] == [None, True]
+    fixed = cli.outcome('drift', True, 'successful', 0, {}, {'ok': True, 'expected': 1, 'verified': 1, 'containers': []},
+                        _drift.summary(nodes, {}, False))
+    assert fixed['verdict'] == ('drift: 1 item(s) repaired; 1 left for you to fix, as their lines say (pve1), and the '
+                                'fleet verified')
+    check = cli.outcome('drift', False, 'successful', 0, {}, {'ok': True, 'expected': 1, 'verified': 1,
+                                                               'containers': []}, _drift.summary(nodes, {}, True))
+    assert check['verdict'] == ('drift: 2 item(s) found; `gpufleet drift --fix` repairs 1 of them; 1 for you to fix, as '
+                                'their lines say (pve1)')

@@ -135,16 +135,24 @@ def outcome(command, fix, runner_status, rc, stats, verified, drift):
         if judged and not verified.get('ok'):
             verdict += '; ' + verified['verdict']
     elif drift_found and fix:
-        code, verdict = DRIFT, 'drift: {0} item(s) repaired'.format(count - waiting)
+        yours = (drift or {}).get('yours', 0)
+        code, verdict = DRIFT, 'drift: {0} item(s) repaired'.format(count - waiting - yours)
+        if yours:
+            verdict += '; {0} left for you to fix, as their lines say ({1})'.format(
+                yours, ', '.join((drift or {}).get('yours_hosts') or []))
         if waiting:
             verdict += ('; {0} wait for a restart ({1}), which takes the changes written: restart when their jobs '
                         'allow, or let a run do it (restart_on_pending)'.format(waiting, waits))
         verdict += ', and the fleet verified' + (' as it runs now' if waiting else '') + left
     elif drift_found:
+        yours = (drift or {}).get('yours', 0)
         code, verdict = DRIFT, 'drift: {0} item(s) found'.format(count)
-        if count > waiting:
-            verdict += '; `gpufleet drift --fix` repairs {0}'.format('them' if not waiting else
-                                                                    '{0} of them'.format(count - waiting))
+        if count > waiting + yours:
+            verdict += '; `gpufleet drift --fix` repairs {0}'.format(
+                'them' if not waiting + yours else '{0} of them'.format(count - waiting - yours))
+        if yours:
+            verdict += '; {0} for you to fix, as their lines say ({1})'.format(
+                yours, ', '.join((drift or {}).get('yours_hosts') or []))
         if waiting:
             verdict += ('; {0} take effect only when {1} restart(s): restart when their jobs allow, or let a run do it '
                         '(restart_on_pending)'.format(waiting, waits))
