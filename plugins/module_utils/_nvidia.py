@@ -25,6 +25,7 @@ VERSION_RE = re.compile(r'Kernel Module(?: for [^ ]+)?\s+(\d+\.\d+(?:\.\d+)?)')
 # The fix of a driver bundle that is out of date where the node's loaded driver can be gathered again (a run does it).
 GATHER = 'gather it again (driver_bundle)'
 
+
 def driver_version(proc_root='/proc'):
     """The kernel module's version from /proc/driver/nvidia/version, or None without a driver."""
     try:

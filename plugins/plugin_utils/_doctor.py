@@ -12,7 +12,6 @@ from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _container
 GIB = 1024 ** 3
 
 
-
 def row(where, check, ok, detail, fix=''):
     return {'where': where, 'check': check, 'ok': bool(ok), 'detail': detail, 'fix': '' if ok else fix}
 

@@ -184,7 +184,7 @@ def test_the_fleet_page_of_the_last_run_and_of_a_check_now_in_a_browser(fleet, t
     dom = chromium('--dump-dom', (tmp_path / 'example.html').as_uri())
     for node in ('gpu01', 'gpu02', 'util01'):
         assert 'data-node="{0}"'.format(node) in dom
-    assert 'shared: nb-a, nb-b' in dom and 'CPU only' in dom and 'train-2 (missing)' in dom and '>stopped</span>' in dom
+    assert 'shared: nb-a, nb-b' in dom and 'CPU only' in dom and 'train-2 (CT 201, missing)' in dom and '>stopped</span>' in dom
 
 
 def test_an_unreachable_node_exits_4(fleet):

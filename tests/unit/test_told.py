@@ -2,6 +2,8 @@
 said as waiting, orphans with their own exit code, removals said, and the GPUs that any container of a node holds
 (read from PVE's configs) never given out."""
 
+import argparse
+
 import pytest
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _pveconf
@@ -139,3 +141,14 @@ def test_what_a_run_does_not_mend_is_never_said_repaired():
                                                                'containers': []}, _drift.summary(nodes, {}, True))
     assert check['verdict'] == ('drift: 2 item(s) found; `gpufleet drift --fix` repairs 1 of them; 1 for you to fix, as '
                                 'their lines say (pve1)')
+
+
+def test_a_limit_naming_a_container_that_joins_during_the_run_is_no_error():
+    """Ansible warns of a --limit name it lacks at the start (a container joins the inventory during the run); only
+    a pattern that leaves no host at all stops the run, and only that is said as the --limit's or --node's fault."""
+    warned = '[WARNING]: Could not match supplied host pattern, ignoring: cli-a\nPLAY RECAP'
+    assert cli.known_cause(warned, argparse.Namespace(node=None), 'pve1,cli-a') is None
+    stopped = '[ERROR]: Specified inventory, host pattern and/or --limit leaves us with no hosts to target.'
+    assert cli.known_cause(stopped, argparse.Namespace(node=None), 'nosuch').startswith('--limit nosuch matches no host')
+    assert cli.known_cause(stopped, argparse.Namespace(node=['pve9']), 'x').startswith('--node pve9: no such node')
+    assert 'add --vault-password-file' in cli.known_cause('Attempting to decrypt but no vault secrets found', None, None)

@@ -93,14 +93,15 @@ class Pve:
         return self.ct(vmid).status.current.get()['status']
 
     def cleanup(self):
-        """Every container this test made, wherever it is in the cluster now."""
-        if not self.made:
+        """Every container this test made, wherever it is in the cluster now (and made is empty again)."""
+        made, self.made[:] = list(self.made), []
+        if not made:
             return
         try:
             where = dict((r['vmid'], r['node']) for r in self.api.cluster.resources.get(type='vm'))
         except Exception:  # noqa: BLE001 - the API forgot this session (a lab reset): nothing of it is left
             return
-        for vmid in self.made:
+        for vmid in made:
             try:
                 ct = self.api.nodes(where.get(vmid, self.node)).lxc(vmid)
                 if ct.status.current.get()['status'] == 'running':
