@@ -2,7 +2,8 @@
 # Copyright: gpufleet.proxmox contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Action for gpufleet.proxmox.driver_upgrade_plan: each GPU container's venv profile read with the venv_profile
-lookup (the one torch_venv builds from), the plan made by module_utils _nvidia_upgrade."""
+lookup (the one torch_venv builds from) and its driver floor taken from its lock (plugin_utils _profile), the plan
+made by module_utils _nvidia_upgrade."""
 
 
 import os
@@ -12,12 +13,8 @@ from ansible.plugins.loader import lookup_loader
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_upgrade
 from ansible_collections.gpufleet.proxmox.plugins.modules.driver_upgrade_plan import ARGUMENT_SPEC
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _profile
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils._action import ControllerAction
-
-
-# The torch_venv role's shipped profiles, in this collection.
-PROFILES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'roles',
-                        'torch_venv', 'files', 'profiles')
 
 
 class ActionModule(ControllerAction):
@@ -30,19 +27,16 @@ class ActionModule(ControllerAction):
         containers = []
         for entry in _nvidia_upgrade.gpu_containers(args['fleet'], node):
             name = entry.get('venv_profile') or args['profile']
-            where = name if '/' in name else os.path.join(args['profiles_dir'] or PROFILES, name)
+            where = _profile.directory(name, args['profiles_dir'])
             try:
-                meta = profiles.run([where], variables=task_vars)[0]['meta']
-            except AnsibleLookupError as e:
-                raise AnsibleActionFail('CT {0} ({1}): {2}'.format(entry.get('vmid'), entry.get('hostname'), e))
-            cuda = (meta.get('expect') or {}).get('cuda_version')
-            try:
-                needs = _nvidia_upgrade.min_driver(cuda)
-            except _nvidia_upgrade.PlanError as e:
+                lock = profiles.run([where], variables=task_vars)[0]['lock']
+                floor = _profile.driver_floor(lock)
+            except (AnsibleLookupError, ValueError) as e:
                 raise AnsibleActionFail('CT {0} ({1}), venv profile {2}: {3}'.format(
                     entry.get('vmid'), entry.get('hostname'), name, e))
             containers.append({'vmid': entry.get('vmid'), 'hostname': entry.get('hostname'),
-                               'profile': os.path.basename(name), 'cuda': cuda, 'needs': needs})
+                               'profile': os.path.basename(name), 'needs': floor and floor['driver'],
+                               'floor': floor and _profile.floor_words(os.path.basename(name), floor)})
         try:
             plan = _nvidia_upgrade.plan(node, args['version'], args['method'], args['devices'], containers,
                                         args['packages'], args['package_version'], args['read'])

@@ -6,6 +6,8 @@ expanded by plugin_utils _fleet, every value checked against PVE's schema by _lx
 through _pve only where the plan depends on it."""
 
 
+import os
+
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
@@ -30,13 +32,23 @@ def nodes_seen(hostvars, nodes):
                      'control': sorted(control) if isinstance(control, dict) else None,
                      'driver': host_var(hostvars, name, 'gpu_node_driver', {}).get('path') or '',
                      'shares': host_var(hostvars, name, 'gpu_node_shared', []),
-                     'held': devices.get('held') or {}}
+                     'held': devices.get('held') or {}, 'driver_version': devices.get('driver_version')}
     return out
 
 
+def read_lock(path):
+    """A profile directory's lock, as text ('' where it has none yet: the venv build names what is missing)."""
+    try:
+        with open(os.path.join(path, 'requirements.lock'), 'rb') as fh:
+            return fh.read().decode('utf-8', 'replace')
+    except (IOError, OSError):
+        return ''
+
+
 def profiles(containers, default, profiles_dir):
-    """{profile as an entry names it ('' for default): {name, dir, pythons}} of the venv profiles the fleet uses, read
-    on the controller (a profile that cannot be read is left to the venv build, which names it)."""
+    """{profile as an entry names it ('' for default): {name, dir, pythons, floor}} of the venv profiles the fleet
+    uses, read on the controller (a profile that cannot be read is left to the venv build, which names it); floor: the
+    oldest driver its lock's CUDA wheels run on (_profile.driver_floor), None for a CPU profile."""
     named = set(e.get('venv_profile') or '' for e in containers or [] if isinstance(e, dict))
     out = {}
     for key in named:
@@ -44,7 +56,8 @@ def profiles(containers, default, profiles_dir):
             continue
         path = _profile.directory(key or default, profiles_dir)
         try:
-            out[key] = {'name': key or default, 'dir': path, 'pythons': _profile.pythons(_profile.read_meta(path))}
+            out[key] = {'name': key or default, 'dir': path, 'pythons': _profile.pythons(_profile.read_meta(path)),
+                        'floor': _profile.driver_floor(read_lock(path))}
         except ValueError:
             continue
     return out

@@ -13,13 +13,13 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.vars import merge_hash
 
 from ansible_collections.gpufleet.proxmox.plugins.modules.venv_build import ARGUMENT_SPEC, REQUIRED_IF
-from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _container_python, _deferred, _direct
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _container_python, _deferred, _direct, _profile
 
 
 def from_profile(args):
     """The module's arguments with what the profile (profile: the venv_profile lookup's answer) gives filled in: the
     lock's text, the Python version, the overrides, the imports and what to remember (meta: the profile's name, the
-    lock's path, its overrides, imports and expectations). Given once, the profile is templated once per task."""
+    lock's path, its overrides, imports and expectations, its driver floor). Given once, the profile is templated once per task."""
     profile = args.pop('profile', None)
     if not profile:
         return args
@@ -29,9 +29,13 @@ def from_profile(args):
     if meta.get('python') is not None:
         filled['python_version'] = meta['python']
     filled.update(args)
+    try:
+        floor = _profile.driver_floor(profile.get('lock'))
+    except ValueError:
+        floor = None  # a CUDA gpufleet knows no driver for: the plan and the driver upgrade name it
     filled.setdefault('meta', dict(profile=profile.get('name'), profile_dir=profile.get('dir'), lock=filled.get('lock'),
                                    overrides=filled['overrides'], imports=filled['imports'],
-                                   expect=meta.get('expect') or {}))
+                                   expect=meta.get('expect') or {}, floor=floor))
     return filled
 
 

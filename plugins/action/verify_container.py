@@ -59,6 +59,8 @@ class ActionModule(ActionBase):
                 # the record is written where torch_venv ran, so that a drift run can find it
                 record_fingerprint=now['fingerprint'] if 'id' in built else None,
                 **dict(('expect_' + k, v) for k, v in expect.items() if v not in (None, ''))), task_vars)
+        if not python:  # the node's driver below the venv's floor: said even where torch imported and counted
+            probe = _verdict.with_failure(probe, now['below_floor'])
         # the container (a node's play verifies one by delegating to it: verify's tasks_from container)
         host = self._task.delegate_to or task_vars.get('inventory_hostname')
         report = _verdict.report(now, audit, probe, host, args['node'], args['vmid'], args['run'])

@@ -9,29 +9,12 @@ import re
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._nvidia_kernel import version_key
 
-# The oldest Linux driver that runs each CUDA major's runtime (minor version compatibility: NVIDIA's CUDA
-# Compatibility guide, docs.nvidia.com/deploy/cuda-compatibility, and the CUDA Toolkit release notes' table of
-# "minimum required driver version for CUDA minor version compatibility"). torch's CUDA wheels bring their own
-# runtime, so the node's driver must be at least this for the profile's CUDA.
-CUDA_MIN_DRIVER = {'11': '450.80.02', '12': '525.60.13', '13': '580.65.06'}
 VERSION_RE = re.compile(r'^\d+\.\d+(\.\d+)?$')
 METHODS = {'apt': "Debian's packages", 'run': "NVIDIA's installer"}
 
 
 class PlanError(ValueError):
     """A plan that must not run: its message names the field or the container."""
-
-
-def min_driver(cuda):
-    """The oldest driver for a CUDA version ('12.8'), None where there is no CUDA; PlanError for a CUDA major this
-    table does not know."""
-    if cuda in (None, ''):
-        return None
-    major = str(cuda).split('.', 1)[0]
-    if major not in CUDA_MIN_DRIVER:
-        raise PlanError('CUDA {0}: no known minimum driver (known: CUDA {1})'.format(
-            cuda, ', '.join(sorted(CUDA_MIN_DRIVER, key=int))))
-    return CUDA_MIN_DRIVER[major]
 
 
 def gpu_containers(fleet, node):
@@ -41,14 +24,11 @@ def gpu_containers(fleet, node):
 
 
 def refusals(version, containers):
-    """Each container whose profile's CUDA needs a newer driver than version: 'CT <vmid> (<hostname>): ...'."""
-    out = []
-    for ct in containers:
-        needs = min_driver(ct.get('cuda'))
-        if needs and version_key(version) < version_key(needs):
-            out.append('CT {0} ({1}): its venv profile {2} runs CUDA {3}, which needs an NVIDIA driver of at least '
-                       '{4}'.format(ct['vmid'], ct['hostname'], ct['profile'], ct['cuda'], needs))
-    return out
+    """Each container whose venv profile needs a newer driver than version (needs: its floor, the oldest driver
+    that runs every CUDA wheel of its lock; floor: that said whole): 'CT <vmid> (<hostname>): ...'."""
+    return ['CT {0} ({1}): {2}'.format(ct['vmid'], ct['hostname'], ct.get('floor') or 'its venv profile {0} needs an '
+                                       'NVIDIA driver of at least {1}'.format(ct.get('profile'), ct['needs']))
+            for ct in containers if ct.get('needs') and version_key(version) < version_key(ct['needs'])]
 
 
 def unmade(node, containers, read):
@@ -76,7 +56,7 @@ def built_for(found, version):
 def plan(node, version, method, devices, containers, packages=(), package_version=None, read=None):
     """The upgrade of node to driver version with method (apt or run): {needed, from, to, kernels, containers,
     pins (each package at its new version, as apt-get takes it), steps, msg, rollback}. devices: gpu_devices' facts
-    of the node; containers: [{vmid, hostname, profile, cuda}] of its GPU containers; read: the fleet's containers
+    of the node; containers: [{vmid, hostname, profile, needs, floor}] of its GPU containers; read: the fleet's containers
     as the API has them (unmade). PlanError where the version or method is not one, a container's profile needs a
     newer driver, or (where the node needs the upgrade) a GPU container of the node is not made as the fleet says:
     the roll would stop, start and verify what is not there."""

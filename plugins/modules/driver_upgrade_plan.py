@@ -10,9 +10,11 @@ version_added: 0.2.0
 description:
   - The first step of C(playbooks/driver_upgrade.yml) on each node, on the controller, before anything changes.
   - It finds the fleet's GPU containers on the node (O(fleet)), reads each one's venv profile (its C(venv_profile),
-    else O(profile)) and the CUDA version the profile's torch runs (C(expect.cuda_version)), and fails, naming
-    every container, profile and the driver it needs, where the new driver is older than the oldest that runs that
-    CUDA (NVIDIA's minor version compatibility - CUDA 11 from 450.80.02, 12 from 525.60.13, 13 from 580.65.06).
+    else O(profile)) and takes the profile's driver floor from its lock - the newest CUDA major any of its wheels is
+    built for (torch's C(+cuNNN), an NVIDIA wheel's C(-cuNN), a CUDA component's version), and the oldest driver
+    that runs it (NVIDIA's minor version compatibility - CUDA 11 from 450.80.02, 12 from 525.60.13, 13 from
+    580.65.06) - and fails, naming every container, profile, the wheel that sets the floor and the driver it needs,
+    where the new driver is older.
   - It says whether the node needs the upgrade (its loaded module, its userspace and the module built for its
     running and next kernels are not all of O(version) yet) and each step the roll makes there, with the
     containers it stops.
@@ -102,8 +104,8 @@ kernels:
   type: list
   elements: str
 containers:
-  description: The node's GPU containers, each with C(vmid), C(hostname), C(profile), C(cuda) and C(needs) (the
-    oldest driver its CUDA runs on).
+  description: The node's GPU containers, each with C(vmid), C(hostname), C(profile), C(needs) (the oldest driver
+    its profile's wheels run on, null for a CPU profile) and C(floor) (that said whole, with the wheel that sets it).
   returned: always
   type: list
   elements: dict

@@ -361,6 +361,7 @@ class Fleet(object):
             if check(key, value)]
         problems += errors(self.containers, self.gpus, pve, is_root_password, self.gpu_sharing, self.passthrough)
         problems += self.unlocked()
+        problems += self.below_floor()
         problems += self.held_elsewhere()
         problems += self.unconfirmed()
         if problems:
@@ -408,6 +409,24 @@ class Fleet(object):
                                i, e.get('vmid'), profile['name'], ', '.join(profile['pythons']),
                                str(template).rsplit('/', 1)[-1], python,
                                _profile.relock_fix(profile['name'], python, profile['dir'])))
+        return out
+
+    def below_floor(self):
+        """Each entry with GPUs whose node runs an NVIDIA driver older than its venv profile's floor (the oldest
+        driver that runs every CUDA wheel of the profile's lock: _profile.driver_floor): its first CUDA call would
+        fail, so it is refused before anything changes, naming the node, the profile, the wheel and the driver."""
+        out = []
+        for i, e in enumerate(self.containers if isinstance(self.containers, list) else []):
+            if not isinstance(e, dict) or e.get('state') == 'absent' or not e.get('gpus'):
+                continue
+            driver = (self.nodes.get(e.get('node')) or {}).get('driver_version')
+            profile = self.profiles.get(e.get('venv_profile') or '') or {}
+            if _profile.below_floor(driver, profile.get('floor')):
+                out.append('containers[{0}] (vmid {1}).venv_profile: node {2} runs the NVIDIA driver {3}, and {4}: '
+                           'upgrade the node\'s driver to {5} or newer (gpufleet driver-upgrade --node {2} --version '
+                           'VERSION), or give this container a profile whose wheels that driver runs'.format(
+                               i, e.get('vmid'), e['node'], driver,
+                               _profile.floor_words(profile['name'], profile['floor']), profile['floor']['driver']))
         return out
 
     def unconfirmed(self):

@@ -11,6 +11,8 @@ import json
 
 from ansible.module_utils.parsing.convert_bool import boolean
 
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _profile
+
 
 def state(facts):
     """What the verify role works out for one container before it audits and verifies, from the facts of this
@@ -65,7 +67,31 @@ def state(facts):
         result = dict(record.get('result') or {}, reused=True, verified_at=record.get('verified_at'),
                       age_s=record.get('age_s'))
     return {'meta': meta, 'expect': expect, 'cuda': cuda, 'audited': audited, 'audit': built_audit if audited else None,
-            'fingerprint': fingerprint, 'reuse': reuse, 'result': result}
+            'fingerprint': fingerprint, 'reuse': reuse, 'result': result,
+            'below_floor': below_floor(meta, facts.get('node_driver') if cuda else None)}
+
+
+def below_floor(meta, node_driver):
+    """A failure where the node's driver is older than the venv's floor (the oldest driver that runs every CUDA wheel
+    of its lock, kept in the venv's marker when it was built), else None: the first cuDNN or NCCL call would fail
+    even where torch imports and counts the devices."""
+    floor = (meta or {}).get('floor')
+    if not _profile.below_floor(node_driver, floor):
+        return None
+    return {'check': 'driver_floor', 'expected': 'an NVIDIA driver of at least ' + floor['driver'],
+            'actual': node_driver, 'why': _profile.floor_words(meta.get('profile'), floor),
+            'fix': "upgrade the node's driver to {0} or newer (gpufleet driver-upgrade), or rebuild this venv from a "
+                   'profile whose wheels the driver runs'.format(floor['driver'])}
+
+
+def with_failure(result, failure):
+    """A verification result with one more failure, said in its message too (None: the result as it is)."""
+    if not failure:
+        return result
+    said = '{0}: expected {1}, got {2} ({3})'.format(failure['check'], failure['expected'], failure['actual'],
+                                                     failure['why'])
+    return dict(result or {}, failures=list((result or {}).get('failures') or []) + [failure],
+                msg='; '.join(m for m in ((result or {}).get('msg'), said) if m))
 
 
 # What a task result holds besides the verification's own values.

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.lab
 
 # pve1: 8 GPUs and the lab's driver; pve2: 4 GPUs and an older driver; pve3: no GPU (a CPU node)
 GPUS = {'pve1': 8, 'pve2': 4, 'pve3': 0}
+CLUSTER = os.path.join(ROOT, 'inventories', 'lab-cluster')
 DRIVERS = {'pve1': '580.95.05', 'pve2': '570.172.08', 'pve3': '580.95.05'}
 
 
@@ -204,6 +205,27 @@ def test_a_template_is_on_the_nodes_it_was_downloaded_to_only(cluster, creds, tm
     assert volid in [c['volid'] for c in on(cluster, 'pve2').storage('local').content.get(content='vztmpl')]
 
 
+def test_a_gpu_container_on_a_node_below_its_profiles_driver_floor_is_refused_before_anything_changes(cluster,
+                                                                                                      tmp_path):
+    """pve2 runs the driver 570.172.08: above CUDA 12's floor (525.60.13), below the R580 driver that the default
+    profile's cu13 wheels need though its torch is the CUDA 12.8 build. The doctor and a site run refuse a GPU
+    container there with that profile, naming the node, the profile, the wheel and the driver, before the container
+    is made."""
+    asked = [entry(984, 'floor-a', [0], node='pve2', venv_profile='default')]
+    said = ('containers[0] (vmid 984).venv_profile: node pve2 runs the NVIDIA driver 570.172.08, and the venv profile '
+            "default needs an NVIDIA driver of at least 580.65.06: its lock's nvidia-cudnn-cu13==9.19.0.56 is built "
+            'for CUDA 13')
+    out = doctor(tmp_path, asked)
+    assert failing(out) == [('fleet', 'definition')], out['checks']
+    assert said in rows(out)[('fleet', 'definition')]['detail']
+    fleet = tmp_path / 'floor.json'
+    fleet.write_text(json.dumps({'gpufleet_containers': asked}))
+    cluster['pve'].made.append(984)
+    site = run_playbook(open(SITE).read(), tmp_path, '-e', '@' + str(fleet), inventory=CLUSTER)
+    assert site.rc != 0 and [f for f in site.failures() if said in f], site.failures()
+    assert 984 not in [r['vmid'] for r in cluster['pve'].api.cluster.resources.get(type='vm')]
+
+
 def test_the_lab_inventory_lists_every_node_with_its_own_files(cluster, tmp_path):
     """inventories/lab describes the cluster the lab has: gpu_devices on each node finds that node's GPUs."""
     bin_dir = os.path.join(ROOT, '.venv', 'bin')
@@ -247,7 +269,6 @@ def test_a_node_that_goes_down_is_offline_to_the_cluster_and_comes_back(cluster,
         'status: running', 'status: stopped']
 
 
-CLUSTER = os.path.join(ROOT, 'inventories', 'lab-cluster')
 DRIFT = os.path.join(ROOT, 'playbooks', 'drift.yml')
 
 
@@ -256,6 +277,9 @@ def test_a_fleet_across_the_nodes_converges_and_a_second_run_changes_nothing(clu
     pve3 (no GPU, no NVIDIA driver) made from debian-13-standard, with the CUDA 13 torch on its Python 3.13. Every
     container joins the inventory through its own node, gets its own node's GPUs and driver, and is verified; a second
     run and a drift check find nothing to do."""
+    # The lab's own containers above go first: one of them holds pve2's first GPU, and a GPU that a container
+    # outside the fleet holds is never given to the fleet's (fleet_plan refuses, naming it).
+    cluster['pve'].cleanup()
     cluster['pve'].made.extend([221, 222, 223])
     first = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
     assert first.rc == 0, first.failures() or first.stdout[-3000:]

@@ -73,12 +73,14 @@ def test_a_driver_upgrade_is_planned_refused_rolled_stopped_at_a_failing_node_an
     manager.install_kernel(lab, 'pve2', NEXT_KERNEL, module='built')
     packages = dict((n, host.read_dpkg(lab.on(n))) for n in ('pve1', 'pve2'))
 
-    # a driver older than a profile's CUDA needs is refused on the nodes' read, before any change anywhere
-    refused = upgrade(tmp_path, '520.61.05', '-e', 'torch_venv_profile=default')
+    # a driver below a profile's floor is refused on the nodes' read, before any change anywhere: the default
+    # profile's torch is the CUDA 12.8 build, but its cu13 wheels need the R580 driver, so 570 (above CUDA 12's
+    # 525.60.13) is refused too, naming the wheel
+    refused = upgrade(tmp_path, '570.172.08', '-e', 'torch_venv_profile=default')
     assert refused.rc != 0
-    assert ('pve1: the NVIDIA driver 520.61.05 does not run the venv of every GPU container on it, nothing was '
-            'changed: CT 221 (train-c1): its venv profile default runs CUDA 12.8, which needs an NVIDIA driver of at '
-            'least 525.60.13') in refused.stdout, refused.failures()
+    assert ('pve1: the NVIDIA driver 570.172.08 does not run the venv of every GPU container on it, nothing was '
+            "changed: CT 221 (train-c1): the venv profile default needs an NVIDIA driver of at least 580.65.06: its "
+            "lock's nvidia-cudnn-cu13==9.19.0.56 is built for CUDA 13") in refused.stdout, refused.failures()
     assert not [t for t in refused.tasks('pve1') + refused.tasks('pve2') if t.get('changed')]
     bad = upgrade(tmp_path, 'latest')
     assert bad.rc != 0 and "gpu_node_driver_version: 'latest' is not an NVIDIA driver version" in bad.stdout

@@ -541,7 +541,7 @@ def test_an_entry_with_state_absent_is_destroyed_only_where_the_run_confirms_its
 
 def test_venv_build_takes_what_its_profile_gives_unless_the_task_gives_it():
     from ansible_collections.gpufleet.proxmox.plugins.action.venv_build import from_profile
-    profile = {'name': 'cu128', 'dir': '/p/cu128', 'lock': 'torch==2.11.0 \\\n    --hash=sha256:00\n',
+    profile = {'name': 'cu128', 'dir': '/p/cu128', 'lock': 'torch==2.11.0+cu128 \\\n    --hash=sha256:00\n',
                'meta': {'python': '3.11', 'overrides': ['nvidia-nccl-cu13'], 'expect': {'cuda': '12.8'}}}
     args = from_profile({'lock': '/opt/gpufleet/profiles/cu128/requirements.lock', 'profile': profile, 'keep': 1})
     assert args == {'lock': '/opt/gpufleet/profiles/cu128/requirements.lock', 'keep': 1,
@@ -549,7 +549,10 @@ def test_venv_build_takes_what_its_profile_gives_unless_the_task_gives_it():
                     'imports': ['torch'],
                     'meta': {'profile': 'cu128', 'profile_dir': '/p/cu128',
                              'lock': '/opt/gpufleet/profiles/cu128/requirements.lock',
-                             'overrides': ['nvidia-nccl-cu13'], 'imports': ['torch'], 'expect': {'cuda': '12.8'}}}
+                             'overrides': ['nvidia-nccl-cu13'], 'imports': ['torch'], 'expect': {'cuda': '12.8'},
+                             'floor': {'driver': '525.60.13', 'cuda': '12', 'wheel': 'torch==2.11.0+cu128',
+                                       'wheels': ['torch==2.11.0+cu128'],
+                                       'why': "torch==2.11.0+cu128 is torch's build for CUDA 12.8"}}}
     # what the task gives wins; a profile without python gives no python_version
     given = from_profile({'lock': '/l', 'profile': {'name': 'cpu', 'lock': 'x', 'meta': {}}, 'imports': ['numpy']})
     assert given['imports'] == ['numpy'] and 'python_version' not in given

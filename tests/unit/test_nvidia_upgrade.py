@@ -1,5 +1,5 @@
 """A node's driver upgrade planned (module_utils _nvidia_upgrade): whether it is needed, the steps, and a driver
-refused for the CUDA of a container's venv profile."""
+refused below the floor of a container's venv profile."""
 
 import pytest
 
@@ -15,15 +15,10 @@ def devices(loaded='580.95.05', installed=('580.95.05',), built=None, upcoming=N
                         'dkms': dict((v, {'built': k, 'make_log': None}) for v, k in built.items())}}
 
 
-CT = {'vmid': 221, 'hostname': 'train-c1', 'profile': 'default', 'cuda': '12.8'}
-
-
-def test_the_oldest_driver_for_each_cuda_major_is_nvidias_minor_version_compatibility_floor():
-    assert (nu.min_driver('11.8'), nu.min_driver('12.8'), nu.min_driver('13.0')) == (
-        '450.80.02', '525.60.13', '580.65.06')
-    assert nu.min_driver(None) is None and nu.min_driver('') is None  # a CPU profile needs no driver
-    with pytest.raises(nu.PlanError, match=r'CUDA 14.0: no known minimum driver \(known: CUDA 11, 12, 13\)'):
-        nu.min_driver('14.0')
+# the default profile's floor, as the driver_upgrade_plan action takes it from the lock (plugin_utils _profile)
+CT = {'vmid': 221, 'hostname': 'train-c1', 'profile': 'default', 'needs': '580.65.06',
+      'floor': "the venv profile default needs an NVIDIA driver of at least 580.65.06: its lock's "
+               'nvidia-cudnn-cu13==9.19.0.56 is built for CUDA 13'}
 
 
 def test_a_node_on_an_older_driver_needs_every_step_and_its_containers_are_named():
@@ -69,16 +64,19 @@ def test_a_node_is_done_only_when_its_module_userspace_and_both_kernels_modules_
     assert none['msg'] == 'pve3: no NVIDIA driver is loaded (a node without GPUs): nothing to upgrade'
 
 
-def test_a_driver_too_old_for_a_containers_cuda_is_refused_naming_each_container():
-    old_cuda = dict(CT, vmid=222, hostname='train-c2', profile='cu118', cuda='11.8')
+def test_a_driver_below_a_containers_floor_is_refused_naming_each_container_and_the_wheel():
+    cu12 = dict(CT, vmid=222, hostname='train-c2', profile='cu128-only', needs='525.60.13', floor=None)
     with pytest.raises(nu.PlanError) as refused:
-        nu.plan('pve1', '520.61.05', 'apt', devices(), [CT, old_cuda])
+        nu.plan('pve1', '570.172.08', 'apt', devices(), [CT, cu12])
     assert str(refused.value) == (
-        'pve1: the NVIDIA driver 520.61.05 does not run the venv of every GPU container on it, nothing was changed: '
-        'CT 221 (train-c1): its venv profile default runs CUDA 12.8, which needs an NVIDIA driver of at least '
-        '525.60.13')
+        'pve1: the NVIDIA driver 570.172.08 does not run the venv of every GPU container on it, nothing was changed: '
+        "CT 221 (train-c1): the venv profile default needs an NVIDIA driver of at least 580.65.06: its lock's "
+        'nvidia-cudnn-cu13==9.19.0.56 is built for CUDA 13')
+    with pytest.raises(nu.PlanError, match=r'CT 222 \(train-c2\): its venv profile cu128-only needs an NVIDIA driver '
+                                           r'of at least 525.60.13$'):
+        nu.plan('pve1', '520.61.05', 'apt', devices(), [cu12])
     # a CPU profile needs none
-    assert nu.plan('pve1', '520.61.05', 'apt', devices(), [dict(CT, cuda=None)])['needed']
+    assert nu.plan('pve1', '520.61.05', 'apt', devices(), [dict(CT, needs=None, floor=None)])['needed']
 
 
 def test_a_version_or_method_that_is_not_one_names_its_field():
@@ -96,7 +94,7 @@ def test_the_fleets_gpu_containers_on_a_node():
 
 
 def test_a_gpu_container_the_fleet_has_not_made_where_it_says_is_refused_where_the_node_needs_the_upgrade():
-    other = {'vmid': 224, 'hostname': 'train-c4', 'profile': 'default', 'cuda': '12.8'}
+    other = dict(CT, vmid=224, hostname='train-c4')
     read = [{'vmid': 221, 'node': 'pve1', 'created': True, 'status': 'stopped'},
             {'vmid': 224, 'node': 'pve3', 'created': False, 'status': 'stopped', 'changed_keys': ['node']}]
     with pytest.raises(nu.PlanError) as refused:
