@@ -10,7 +10,11 @@ version); proxmox-boot-tool's pins are /etc/kernel/next-boot-pin (the next boot 
 /etc/kernel/proxmox-boot-pin (proxmox-kernel-helper, proxmox-boot/functions: NEXT_BOOT_PIN, PINNED_KERNEL_CONF).
 DKMS keeps a module built for a kernel under /var/lib/dkms/<module>/<version>/<kernel>/<arch>/module/, and a failed
 build's log at /var/lib/dkms/<module>/<version>/build/make.log; installed, the module is under
-/lib/modules/<kernel>/updates/dkms/. NVIDIA's installer without DKMS puts it under kernel/drivers/video/."""
+/lib/modules/<kernel>/updates/dkms/. NVIDIA's installer without DKMS puts it under kernel/drivers/video/.
+
+The DKMS module's name is the packaging's: NVIDIA's installer (--dkms) registers `nvidia`; Debian's
+nvidia-kernel-dkms registers `nvidia-current` (its dkms.conf: PACKAGE_NAME="nvidia-current", the module files
+nvidia-current.ko, nvidia-current-uvm.ko, ...). It is read from the node, never assumed."""
 
 
 import glob
@@ -19,7 +23,8 @@ import re
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import read_text
 
-MODULE_FILES = ('nvidia.ko', 'nvidia.ko.xz', 'nvidia.ko.zst', 'nvidia.ko.gz')
+MODULE_FILES = tuple(name + ext for name in ('nvidia.ko', 'nvidia-current.ko') for ext in ('', '.xz', '.zst', '.gz'))
+DKMS_MODULES = ('nvidia', 'nvidia-current')
 MODULE_DIRS = ('updates/dkms', 'kernel/drivers/video', 'extra', 'updates')
 # The driver's Debian packages (NVIDIA's CUDA repository and Debian's own) that an upgrade must not move alone, and
 # that a driver upgrade moves together to one version; not NVIDIA's container toolkit, which is versioned apart.
@@ -72,18 +77,30 @@ def module_file(root, kernel):
     return None
 
 
-def dkms(root='/', module='nvidia'):
-    """DKMS's state of module: {version: {'built': [kernels], 'make_log': path or None}}."""
+def dkms(root='/'):
+    """DKMS's state of the NVIDIA module, whichever name its packaging gives it (DKMS_MODULES): {version: {'built':
+    [kernels], 'make_log': path or None, 'module': its DKMS name}}."""
     state = {}
-    for vdir in glob.glob(os.path.join(root, 'var', 'lib', 'dkms', module, '*')):
-        version = os.path.basename(vdir)
-        if not os.path.isdir(vdir) or not version[:1].isdigit():
-            continue
-        built = sorted({os.path.basename(os.path.dirname(os.path.dirname(m)))
-                        for m in glob.glob(os.path.join(vdir, '*', '*', 'module'))}, key=version_key)
-        log = os.path.join(vdir, 'build', 'make.log')
-        state[version] = {'built': built, 'make_log': log if os.path.isfile(log) else None}
+    for module in DKMS_MODULES:
+        for vdir in glob.glob(os.path.join(root, 'var', 'lib', 'dkms', module, '*')):
+            version = os.path.basename(vdir)
+            if not os.path.isdir(vdir) or not version[:1].isdigit():
+                continue
+            built = sorted({os.path.basename(os.path.dirname(os.path.dirname(m)))
+                            for m in glob.glob(os.path.join(vdir, '*', '*', 'module'))}, key=version_key)
+            log = os.path.join(vdir, 'build', 'make.log')
+            state[version] = {'built': built, 'make_log': log if os.path.isfile(log) else None, 'module': module}
     return state
+
+
+def dkms_name(found, version):
+    """The DKMS name of the driver's module for version (found: state()), else of the newest version DKMS has,
+    else nvidia (NVIDIA's installer's)."""
+    known = found.get('dkms') or {}
+    if version in known:
+        return known[version]['module']
+    newest = sorted(known, key=version_key)[-1:]
+    return known[newest[0]]['module'] if newest else 'nvidia'
 
 
 def packages(root='/'):
@@ -119,7 +136,7 @@ def findings(found, loaded, installed, hold=True):
     built = dict((k, v) for v, d in found['dkms'].items() for k in d['built'])
     if loaded and not found['modules'].get(running):
         out.append({'code': 'module_missing_running_kernel', 'kernel': running,
-                    'fix': 'dkms install nvidia/{0} -k {1}'.format(loaded, running),
+                    'fix': 'dkms install {0}/{1} -k {2}'.format(dkms_name(found, loaded), loaded, running),
                     'msg': 'the running kernel {0} has no NVIDIA module installed (the loaded {1} cannot be loaded '
                            'again)'.format(running, loaded)})
     if upcoming and target and upcoming != running:
@@ -133,15 +150,16 @@ def findings(found, loaded, installed, hold=True):
                                    '({2}), failed: after a reboot the node has no GPUs'.format(
                                        target, upcoming, found['next_kernel_why'])})
             else:
-                build = ('dkms install nvidia/{1} -k {0}' if found['dkms'] else
-                         'sh NVIDIA-Linux-x86_64-{1}.run --silent --kernel-name={0}').format(upcoming, target)
+                build = ('dkms install {2}/{1} -k {0}' if found['dkms'] else
+                         'sh NVIDIA-Linux-x86_64-{1}.run --silent --kernel-name={0}').format(
+                             upcoming, target, dkms_name(found, target))
                 out.append({'code': 'module_missing_next_kernel', 'kernel': upcoming,
                             'fix': 'apt install proxmox-headers-{0} && {1}'.format(upcoming, build),
                             'msg': 'the kernel {0}, which the node boots next ({1}), has no NVIDIA module: after a '
                                    'reboot the node has no GPUs'.format(upcoming, found['next_kernel_why'])})
         elif upcoming in built and built[upcoming] != target:
             out.append({'code': 'module_version_next_kernel', 'kernel': upcoming,
-                        'fix': 'dkms install nvidia/{0} -k {1}'.format(target, upcoming),
+                        'fix': 'dkms install {0}/{1} -k {2}'.format(dkms_name(found, target), target, upcoming),
                         'msg': 'the NVIDIA module built for kernel {0}, which the node boots next, is {1}, but the '
                                'userspace driver is {2}: after a reboot every GPU container fails with "driver/library '
                                'version mismatch"'.format(upcoming, built[upcoming], target)})

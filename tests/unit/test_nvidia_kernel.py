@@ -39,7 +39,7 @@ def test_a_node_whose_module_is_built_for_its_kernels_and_held_has_no_finding(tm
     proc, root = node(tmp_path, kernels=(RUNNING, NEXT), built=(RUNNING, NEXT))
     st = nk.state(proc, root)
     assert (st['running_kernel'], st['next_kernel'], st['next_kernel_why']) == (RUNNING, NEXT, 'the newest installed')
-    assert st['dkms'] == {'580.95.05': {'built': [RUNNING, NEXT], 'make_log': None}}
+    assert st['dkms'] == {'580.95.05': {'built': [RUNNING, NEXT], 'make_log': None, 'module': 'nvidia'}}
     assert st['packages'] == {'nvidia-kernel-dkms': {'version': '580.95.05-1', 'held': True},
                               'libcuda1': {'version': '580.95.05-1', 'held': True}}
     assert found(proc, root) == []
@@ -101,3 +101,22 @@ def test_the_newest_userspace_driver_is_the_newest_by_version_not_by_spelling(tm
     proc, root = node(tmp_path, kernels=(RUNNING, NEXT), built=(RUNNING, NEXT), version='580.95.05')
     (other,) = found(proc, root, installed=installed)
     assert other['code'] == 'module_version_next_kernel' and other['fix'] == 'dkms install nvidia/580.105.08 -k ' + NEXT
+
+
+def test_debians_dkms_module_is_nvidia_current_and_its_fixes_name_it(tmp_path):
+    """Debian's nvidia-kernel-dkms registers the module as nvidia-current (its files nvidia-current.ko ...): read from
+    the node, it is found built, and a fix names it as dkms knows it."""
+    proc, root = tmp_path / 'proc', tmp_path / 'root'
+    put(proc, 'sys/kernel/osrelease', RUNNING + '\n')
+    for k in (RUNNING, NEXT):
+        put(root, 'boot/vmlinuz-' + k)
+    put(root, 'lib/modules/{0}/updates/dkms/nvidia-current.ko'.format(RUNNING))
+    put(root, 'var/lib/dkms/nvidia-current/535.261.03/{0}/x86_64/module/nvidia-current.ko'.format(RUNNING))
+    st = nk.state(str(proc), str(root))
+    assert st['dkms'] == {'535.261.03': {'built': [RUNNING], 'make_log': None, 'module': 'nvidia-current'}}
+    assert st['modules'][RUNNING].endswith('updates/dkms/nvidia-current.ko')
+    (missing,) = nk.findings(st, '535.261.03', ['535.261.03'], hold=False)
+    assert missing['code'] == 'module_missing_next_kernel'
+    assert missing['fix'].endswith('dkms install nvidia-current/535.261.03 -k ' + NEXT)
+    assert nk.dkms_name(st, '535.261.03') == nk.dkms_name(st, '535.309.01') == 'nvidia-current'
+    assert nk.dkms_name({'dkms': {}}, '580.95.05') == 'nvidia'  # nothing built: NVIDIA's installer's name
