@@ -334,7 +334,8 @@ def test_a_driver_upgrade_from_the_cli_planned_rolled_then_nothing_to_do(fleet, 
         verdict = as_json(refused)['verdict']
         assert refused.returncode == 1 and verdict.startswith(
             'error: pve1: the NVIDIA driver 520.61.05 does not run the venv of every GPU container on it, '
-            'nothing was changed: CT 361 (cli-a): its venv profile default runs CUDA 12.8'), verdict
+            'nothing was changed: CT 361 (cli-a): the venv profile default needs an NVIDIA driver of at least '
+            "580.65.06: its lock's nvidia-cudnn-cu13==9.19.0.56 is built for CUDA 13"), verdict
     finally:
         # the node's own driver again, and CT 361 onto its bundle (restarted to take the mount)
         manager.restore_kernel(lab, 'pve1')
