@@ -39,7 +39,9 @@ class ActionModule(ControllerAction):
                                'floor': floor and _profile.floor_words(os.path.basename(name), floor)})
         try:
             plan = _nvidia_upgrade.plan(node, args['version'], args['method'], args['devices'], containers,
-                                        args['packages'], args['package_version'], args['read'])
+                                        args['packages'], args['package_version'], args['read'],
+                                        offered=_nvidia_upgrade.madison(args['offers']),
+                                        need_rollback=args['rollback'])
         except _nvidia_upgrade.PlanError as e:
             raise AnsibleActionFail(str(e))
         return dict(plan, changed=False)

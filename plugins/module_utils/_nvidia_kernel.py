@@ -29,7 +29,12 @@ MODULE_DIRS = ('updates/dkms', 'kernel/drivers/video', 'extra', 'updates')
 # The driver's Debian packages (NVIDIA's CUDA repository and Debian's own) that an upgrade must not move alone, and
 # that a driver upgrade moves together to one version; not NVIDIA's container toolkit, which is versioned apart.
 PACKAGE_RE = re.compile(r'^(?!nvidia-container-|libnvidia-container)'
-                        r'(nvidia-.*|libnvidia-.*|libcuda1|xserver-xorg-video-nvidia.*|cuda-drivers.*)$')
+                        r'(nvidia-.*|libnvidia-.*|libcuda1|xserver-xorg-video-nvidia.*|cuda-drivers.*|firmware-nvidia-.*)$')
+# The files NVIDIA's installer (.run) leaves: its uninstaller and its manifest (nvidia-installer(1): "--uninstall").
+RUNFILE_MARKS = ('usr/bin/nvidia-uninstall', 'var/lib/nvidia/.manifest')
+# dpkg's states of a package that is installed and finished (dpkg(1), "Package states"); any other state of an
+# installed package is one dpkg --audit names, which a driver change must not start on.
+DONE_STATES = ('installed', 'config-files', 'not-installed')
 
 
 def version_key(version):
@@ -104,14 +109,48 @@ def dkms_name(found, version):
 
 
 def packages(root='/'):
-    """The driver's Debian packages installed: {name: {'version', 'held'}} (dpkg's status file)."""
+    """The driver's Debian packages installed: {name: {'version', 'held', 'source', 'state'}} (dpkg's status file;
+    source: the source package, whose binary packages move together at one version)."""
     found = {}
     for stanza in (read_text(os.path.join(root, 'var', 'lib', 'dpkg', 'status')) or '').split('\n\n'):
         fields = dict(line.split(': ', 1) for line in stanza.splitlines() if ': ' in line and not line[:1].isspace())
         name, status = fields.get('Package', ''), fields.get('Status', '').split()
-        if PACKAGE_RE.match(name) and status[-1:] == ['installed']:
-            found[name] = {'version': fields.get('Version'), 'held': status[0] == 'hold'}
+        if PACKAGE_RE.match(name) and status[-1:] and status[-1] not in ('not-installed', 'config-files'):
+            found[name] = {'version': fields.get('Version'), 'held': status[0] == 'hold',
+                           'source': (fields.get('Source') or name).split(' ', 1)[0], 'state': status[-1]}
     return found
+
+
+def unfinished(root='/'):
+    """Every package dpkg has not finished (half-configured, unpacked, half-installed, triggers awaited or pending),
+    of the whole node: {name: state}, as dpkg --audit reads them from its status file."""
+    found = {}
+    for stanza in (read_text(os.path.join(root, 'var', 'lib', 'dpkg', 'status')) or '').split('\n\n'):
+        fields = dict(line.split(': ', 1) for line in stanza.splitlines() if ': ' in line and not line[:1].isspace())
+        status = fields.get('Status', '').split()
+        if fields.get('Package') and status[-1:] and status[-1] not in DONE_STATES:
+            found[fields['Package']] = status[-1]
+    return found
+
+
+def headers(root, kernel):
+    """Whether kernel's headers are installed where DKMS builds against them (/lib/modules/<kernel>/build, a link to
+    /usr/src/linux-headers-<kernel> or proxmox-headers', read within root)."""
+    path = os.path.join(root, 'lib', 'modules', kernel, 'build')
+    if os.path.islink(path) and os.path.isabs(os.readlink(path)):
+        path = os.path.join(root, os.readlink(path).lstrip('/'))
+    return os.path.isdir(path)
+
+
+def headers_package(kernel):
+    """The package with a kernel's headers: PVE's proxmox-headers-<release> for its kernels, Debian's
+    linux-headers-<release> for the others."""
+    return ('proxmox-headers-' if kernel.endswith('-pve') else 'linux-headers-') + kernel
+
+
+def runfile_installed(root='/'):
+    """The files of NVIDIA's installer (RUNFILE_MARKS) the node has."""
+    return [m for m in RUNFILE_MARKS if os.path.exists(os.path.join(root, m))]
 
 
 def state(proc_root='/proc', root='/'):
@@ -120,7 +159,9 @@ def state(proc_root='/proc', root='/'):
     upcoming, why = next_kernel(root, running)
     return {'running_kernel': running, 'next_kernel': upcoming, 'next_kernel_why': why,
             'modules': dict((k, module_file(root, k)) for k in (running, upcoming) if k),
-            'dkms': dkms(root), 'packages': packages(root)}
+            'headers': dict((k, headers(root, k)) for k in (running, upcoming) if k),
+            'dkms': dkms(root), 'packages': packages(root), 'unfinished': unfinished(root),
+            'runfile': runfile_installed(root)}
 
 
 def findings(found, loaded, installed, hold=True):
@@ -154,7 +195,7 @@ def findings(found, loaded, installed, hold=True):
                          'sh NVIDIA-Linux-x86_64-{1}.run --silent --kernel-name={0}').format(
                              upcoming, target, dkms_name(found, target))
                 out.append({'code': 'module_missing_next_kernel', 'kernel': upcoming,
-                            'fix': 'apt install proxmox-headers-{0} && {1}'.format(upcoming, build),
+                            'fix': 'apt install {0} && {1}'.format(headers_package(upcoming), build),
                             'msg': 'the kernel {0}, which the node boots next ({1}), has no NVIDIA module: after a '
                                    'reboot the node has no GPUs'.format(upcoming, found['next_kernel_why'])})
         elif upcoming in built and built[upcoming] != target:

@@ -7,14 +7,81 @@ driver runs every venv profile of the node's GPU containers, and the steps, each
 
 import re
 
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_kernel
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._nvidia_kernel import version_key
 
-VERSION_RE = re.compile(r'^\d+\.\d+(\.\d+)?$')
+# An NVIDIA driver version (580.105.08), or a Debian version of its packages in full (550.163.01-4~bpo13+1).
+VERSION_RE = re.compile(r'^\d+\.\d+(\.\d+)?(-[0-9A-Za-z.+~]+)?$')
 METHODS = {'apt': "Debian's packages", 'run': "NVIDIA's installer"}
 
 
 class PlanError(ValueError):
     """A plan that must not run: its message names the field or the container."""
+
+
+def upstream(version):
+    """The upstream part of a Debian version (1:535.309.01-0+deb12u1: 535.309.01); an upstream version as it is."""
+    version = str(version or '')
+    version = version.split(':', 1)[1] if re.match(r'^\d+:', version) else version
+    return version.rsplit('-', 1)[0] if '-' in version else version
+
+
+def madison(text):
+    """{package: [Debian versions]} from apt-cache madison's lines (" libcuda1 | 535.309.01-0+deb12u1 | http://...
+    bookworm-security/non-free amd64 Packages")."""
+    out = {}
+    for line in (text or '').splitlines():
+        parts = [p.strip() for p in line.split('|')]
+        if len(parts) >= 3 and parts[0] and parts[1] and 'Sources' not in parts[2]:
+            out.setdefault(parts[0], [])
+            if parts[1] not in out[parts[0]]:
+                out[parts[0]].append(parts[1])
+    return out
+
+
+def driver_set(found):
+    """The driver's packages that move together (found: discovery's packages, {name: {version, source, ...}}): those
+    of the source that builds libcuda1 (else the source with the most of them), at that package's version. The
+    others (nvidia-modprobe, nvidia-persistenced, nvidia-kernel-common: other sources, other versions) move as apt
+    resolves their dependencies."""
+    found = found or {}
+    if not found:
+        return []
+    lead = found.get('libcuda1') or max(found.values(), key=lambda p: sum(
+        1 for q in found.values() if q.get('source') == p.get('source')))
+    return sorted(n for n, p in found.items()
+                  if p.get('source') == lead.get('source') and p.get('version') == lead.get('version'))
+
+
+def pick(version, offered, exact=None):
+    """The Debian version apt offers (offered: a package's versions) for driver version: (version, None), else (None,
+    []) where none is offered, (None, [several]) where the upstream version alone names several. version may be
+    upstream (535.309.01) or a Debian version in full; exact: the Debian version asked for every package."""
+    want = exact or (version if '-' in version else None)
+    if want:
+        return (want, None) if want in offered else (None, [])
+    mine = [v for v in offered if upstream(v) == version]
+    return (mine[0], None) if len(mine) == 1 else (None, mine)
+
+
+def pins_of(moved, version, offered, exact=None):
+    """Each package moved at the Debian version apt offers for version: (pins, problems)."""
+    pins, missing, several = [], [], {}
+    for name in moved:
+        chosen, others = pick(version, offered.get(name) or [], exact)
+        if chosen:
+            pins.append('{0}={1}'.format(name, chosen))
+        elif others:
+            several.setdefault(tuple(others), []).append(name)
+        else:
+            missing.append(name)
+    problems = ['the node\'s sources offer no {0} of {1} (apt-cache madison {2} lists what they offer: apt-get update '
+                'first, or add the suite that has it)'.format(exact or version, ', '.join(missing), missing[0])
+                ] if missing else []
+    problems += ['the node\'s sources offer {0} of {1} for {2}: give the version in full (gpu_node_driver_version={3})'
+                 .format(' and '.join(others), version, ', '.join(names), others[0])
+                 for others, names in sorted(several.items())]
+    return pins, problems
 
 
 def gpu_containers(fleet, node):
@@ -53,19 +120,26 @@ def built_for(found, version):
     return set(((found or {}).get('dkms') or {}).get(version, {}).get('built') or [])
 
 
-def plan(node, version, method, devices, containers, packages=(), package_version=None, read=None):
+def plan(node, version, method, devices, containers, packages=(), package_version=None, read=None, offered=None,
+         need_rollback=True):
     """The upgrade of node to driver version with method (apt or run): {needed, from, to, kernels, containers,
-    pins (each package at its new version, as apt-get takes it), steps, msg, rollback}. devices: gpu_devices' facts
-    of the node; containers: [{vmid, hostname, profile, needs, floor}] of its GPU containers; read: the fleet's containers
-    as the API has them (unmade). PlanError where the version or method is not one, a container's profile needs a
-    newer driver, or (where the node needs the upgrade) a GPU container of the node is not made as the fleet says:
-    the roll would stop, start and verify what is not there."""
+    pins (each package at the Debian version apt offers for it, as apt-get takes it), steps, msg, rollback}.
+    devices: gpu_devices' facts of the node; containers: [{vmid, hostname, profile, needs, floor}] of its GPU
+    containers; packages: the driver's packages (the ones of one source and version move together: driver_set);
+    offered: {package: [Debian versions the node's apt offers, its cache's included]} (apt-cache madison's);
+    read: the fleet's containers as the API has them (unmade). version is upstream (580.105.08) or a Debian version
+    in full (550.163.01-4~bpo13+1, another revision of the same upstream). PlanError, before anything changes, where
+    the version or method is not one, a container's profile needs a newer driver, or (where the node needs the
+    upgrade) a GPU container of the node is not made as the fleet says, or the node cannot take the change: a version
+    its sources do not offer, dpkg not finished, no headers for a kernel the module is built for, the way back not
+    installable (unless need_rollback is false), Debian's packages and NVIDIA's installer both on the node."""
     if not VERSION_RE.match(str(version or '')):
         raise PlanError('gpu_node_driver_version: {0!r} is not an NVIDIA driver version such as 580.105.08'.format(
             version))
     if method not in METHODS:
         raise PlanError('gpu_node_driver_install: {0!r} must be one of {1}'.format(method, ', '.join(METHODS)))
-    refused = refusals(version, containers)
+    target = upstream(version)
+    refused = refusals(target, containers)
     if refused:
         raise PlanError('{0}: the NVIDIA driver {1} does not run the venv of every GPU container on it, nothing was '
                         'changed: {2}'.format(node, version, '; '.join(refused)))
@@ -74,24 +148,34 @@ def plan(node, version, method, devices, containers, packages=(), package_versio
     running, upcoming = kernels.get('running_kernel'), kernels.get('next_kernel')
     wanted = list(dict.fromkeys(k for k in (running, upcoming) if k))  # the two, once where they are the same
     installed = devices.get('installed_versions') or []
-    built = built_for(kernels, version)
-    needed = bool(loaded) and (loaded != version or installed[-1:] != [version]
+    found = dict((n, p) for n, p in (kernels.get('packages') or {}).items() if n in set(packages))
+    moved = driver_set(found) if found else sorted(packages)
+    offered = offered or {}
+    pins, problems = pins_of(moved, version, offered, package_version) if method == 'apt' else ([], [])
+    built = built_for(kernels, target)
+    repacked = any(found.get(pin.split('=', 1)[0], {}).get('version') not in (None, pin.split('=', 1)[1])
+                   for pin in pins)
+    needed = bool(loaded) and (loaded != target or installed[-1:] != [target] or repacked
                                or (bool(kernels.get('dkms')) and not set(wanted) <= built))
     missing = unmade(node, containers, read) if needed else []
     if missing:
         raise PlanError('{0}: its GPU containers are not as the fleet says, nothing was changed: {1}. Make the fleet '
                         'first (ansible-playbook site.yml), then upgrade'.format(node, '; '.join(missing)))
+    if needed:
+        problems += preflight(method, kernels, wanted, found, moved, offered, need_rollback)
+        if problems:
+            raise PlanError('{0}: the upgrade to {1} cannot start, nothing was changed: {2}'.format(
+                node, version, '; '.join(problems)))
     cts = ', '.join('CT {0} ({1})'.format(ct['vmid'], ct['hostname']) for ct in containers) or 'no GPU container'
-    pins = ['{0}={1}'.format(p, package_version or version + '-1') for p in packages]
     if method == 'apt':
         install = 'install the packages {0} (held again after)'.format(' '.join(pins) or '(none found)')
     else:
-        install = "run NVIDIA's installer of {0} (--silent --dkms)".format(version)
+        install = "run NVIDIA's installer of {0} (--silent --dkms)".format(target)
     steps = ['stop {0}'.format(cts), install,
              'build the module for {0}'.format(' and '.join(
                  '{0} ({1})'.format(k, 'running' if k == running else 'boots next') for k in wanted) or 'the kernel'),
-             'reboot the node (the module {0} loads)'.format(version),
-             'make the device nodes and gather the driver bundle of {0}'.format(version),
+             'reboot the node (the module {0} loads)'.format(target),
+             'make the device nodes and gather the driver bundle of {0}'.format(target),
              'start {0} with that bundle'.format(cts), 'verify {0} (torch and its GPUs)'.format(cts)]
     if not loaded:
         msg = '{0}: no NVIDIA driver is loaded (a node without GPUs): nothing to upgrade'.format(node)
@@ -101,12 +185,46 @@ def plan(node, version, method, devices, containers, packages=(), package_versio
         msg = '{0}: NVIDIA driver {1} -> {2} with {3}; its GPU containers are down from the first step to the last: ' \
               '{4}'.format(node, loaded, version, METHODS[method],
                            '; '.join('{0}. {1}'.format(i + 1, s) for i, s in enumerate(steps)))
-    # the way back pins each package to the version the node has now (dpkg's), else the driver's with -1
-    now = dict((p, (kernels.get('packages') or {}).get(p, {}).get('version') or '{0}-1'.format(loaded))
-               for p in packages)
-    return {'needed': needed, 'node': node, 'from': loaded, 'to': version, 'method': method, 'kernels': wanted,
+    # the way back pins each package moved to the version the node has now (dpkg's)
+    now = dict((p, found.get(p, {}).get('version') or '{0}-1'.format(loaded)) for p in moved)
+    return {'needed': needed, 'node': node, 'from': loaded, 'to': target, 'method': method, 'kernels': wanted,
             'containers': containers, 'pins': pins, 'steps': steps if needed else [], 'msg': msg,
-            'rollback': rollback(node, loaded, version, method, now, [ct['vmid'] for ct in containers])}
+            'rollback': rollback(node, loaded, target, method, now, [ct['vmid'] for ct in containers])}
+
+
+def preflight(method, kernels, wanted, found, moved, offered, need_rollback=True):
+    """What keeps a node from taking a driver change, each with its fix, checked before any container stops: dpkg
+    not finished, the headers of a kernel the module must be built for, Debian's packages beside NVIDIA's installer
+    (or the other method than the node's), and (apt) a way back that apt can no longer install."""
+    out = []
+    unfinished = kernels.get('unfinished') or {}
+    if unfinished:
+        out.append('dpkg has not finished {0}: run dpkg --configure -a (dpkg --audit names them)'.format(
+            ', '.join('{0} ({1})'.format(n, st) for n, st in sorted(unfinished.items()))))
+    for k in wanted:
+        if (kernels.get('headers') or {}).get(k) is False:
+            out.append('kernel {0} has no headers to build the module against: apt install {1}'.format(
+                k, _nvidia_kernel.headers_package(k)))
+    runfile = kernels.get('runfile') or []
+    if found and runfile:
+        out.append("the driver is both Debian's packages ({0}) and NVIDIA's installer's files ({1}): remove one of "
+                   "them first (nvidia-uninstall, or apt purge of the packages)".format(
+                       ', '.join(sorted(found)), ', '.join('/' + r for r in runfile)))
+    elif method == 'apt' and runfile and not found:
+        out.append("the driver was installed with NVIDIA's installer ({0}): set gpu_node_driver_install: run".format(
+            '/' + runfile[0]))
+    elif method == 'run' and found:
+        out.append("the driver is Debian's packages ({0}): set gpu_node_driver_install: apt".format(
+            ', '.join(sorted(found))))
+    if method == 'apt' and need_rollback:
+        gone = ['{0}={1}'.format(n, found[n]['version']) for n in moved
+                if n in found and found[n].get('version') not in (offered.get(n) or [])]
+        if gone:
+            out.append('the way back needs {0}, which the node\'s sources no longer offer and its apt cache does not '
+                       'hold: keep them in /var/cache/apt/archives (apt-get download while they are offered, or from '
+                       'snapshot.debian.org), or go on without a way back (gpu_node_driver_rollback: false)'.format(
+                           ' '.join(gone)))
+    return out
 
 
 def rollback(node, old, new, method, packages=None, stopped=()):

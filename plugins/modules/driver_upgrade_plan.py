@@ -15,6 +15,10 @@ description:
     that runs it (NVIDIA's minor version compatibility - CUDA 11 from 450.80.02, 12 from 525.60.13, 13 from
     580.65.06) - and fails, naming every container, profile, the wheel that sets the floor and the driver it needs,
     where the new driver is older.
+  - Before anything changes it also refuses what keeps the node from the change, each with its fix - a version the
+    node's sources do not offer, packages dpkg has not finished, a kernel without the headers the module is built
+    against, Debian's packages beside NVIDIA's installer's files (or the other method than the node's), and (with
+    O(rollback)) a way back that the node's sources no longer offer.
   - It says whether the node needs the upgrade (its loaded module, its userspace and the module built for its
     running and next kernels are not all of O(version) yet) and each step the roll makes there, with the
     containers it stops.
@@ -23,7 +27,11 @@ extends_documentation_fragment:
   - gpufleet.proxmox.controller_action
 options:
   version:
-    description: The NVIDIA driver version the node is to run (C(gpu_node_driver_version)), such as V(580.105.08).
+    description:
+      - The NVIDIA driver version the node is to run (C(gpu_node_driver_version)), such as V(580.105.08), or a Debian
+        version of its packages in full, such as V(550.163.01-4~bpo13+1) (another Debian revision of the same
+        upstream version; where the node's sources offer several revisions of an upstream version, the full one is
+        needed).
     type: str
     required: true
   method:
@@ -58,8 +66,21 @@ options:
     elements: str
     default: []
   package_version:
-    description: Their Debian version; O(version) with C(-1) by default.
+    description: Their Debian version, for every package alike; by default each package's version is the one the
+      node's sources offer for O(version) (O(offers)).
     type: str
+  offers:
+    description:
+      - What the node's apt offers of the driver's packages, as C(apt-cache madison) prints it (one C(package |
+        version | source) line a version). Each package moved is pinned to the Debian version offered for
+        O(version); one that is not offered refuses the plan before anything changes (V(apt)).
+    type: str
+    default: ''
+  rollback:
+    description: Refuse the upgrade where the node's sources no longer offer the versions it has now (the way back
+      could not be installed). V(false) goes on without a way back.
+    type: bool
+    default: true
   read:
     description:
       - The fleet's containers as the API has them (the C(containers) of a check-mode reconcile, as the
@@ -144,6 +165,8 @@ ARGUMENT_SPEC = {
     'profiles_dir': {'type': 'path'},
     'packages': {'type': 'list', 'elements': 'str', 'default': []},
     'package_version': {'type': 'str'},
+    'offers': {'type': 'str', 'default': ''},
+    'rollback': {'type': 'bool', 'default': True},
     'read': {'type': 'list', 'elements': 'dict'},
 }
 

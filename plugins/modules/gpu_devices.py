@@ -165,8 +165,11 @@ ansible_facts:
           bundle or a boot file), C(nvidia_smi) (the one that answered), C(persistenced) (the path of nvidia-persistenced where it is installed, else null),
           C(bundle) (C(version) and C(path) of the driver bundle of the loaded module; null without O(bundle) or
           a loaded driver), C(kernels) with a loaded driver (C(running_kernel), C(next_kernel) and why,
-          C(modules) the module file per kernel, C(dkms) per version the kernels built for and a failed build's
-          log, C(packages) the driver's Debian packages with their version and whether held), and with a loaded
+          C(modules) the module file per kernel, C(headers) per kernel whether its headers are installed,
+          C(dkms) per version the kernels built for, a failed build's log and the module's DKMS name (C(nvidia), or
+          Debian's C(nvidia-current)), C(packages) the driver's Debian packages with their version, source package,
+          dpkg state and whether held, C(unfinished) every package dpkg has not finished (as C(dpkg --audit)),
+          C(runfile) the files of NVIDIA's installer the node has), and with a loaded
           driver C(installed_versions), the userspace driver versions found in the bundle's C(lib_dirs), newest
           last; C(held), by GPU index, the containers of the node given that GPU's device node (vmid and name,
           whoever made them - a devN, pending or not, or a raw mount entry).

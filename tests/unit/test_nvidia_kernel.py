@@ -40,8 +40,11 @@ def test_a_node_whose_module_is_built_for_its_kernels_and_held_has_no_finding(tm
     st = nk.state(proc, root)
     assert (st['running_kernel'], st['next_kernel'], st['next_kernel_why']) == (RUNNING, NEXT, 'the newest installed')
     assert st['dkms'] == {'580.95.05': {'built': [RUNNING, NEXT], 'make_log': None, 'module': 'nvidia'}}
-    assert st['packages'] == {'nvidia-kernel-dkms': {'version': '580.95.05-1', 'held': True},
-                              'libcuda1': {'version': '580.95.05-1', 'held': True}}
+    assert st['packages'] == {
+        'nvidia-kernel-dkms': {'version': '580.95.05-1', 'held': True, 'source': 'nvidia-kernel-dkms',
+                               'state': 'installed'},
+        'libcuda1': {'version': '580.95.05-1', 'held': True, 'source': 'libcuda1', 'state': 'installed'}}
+    assert (st['unfinished'], st['runfile'], st['headers']) == ({}, [], {RUNNING: False, NEXT: False})
     assert found(proc, root) == []
 
 
@@ -120,3 +123,24 @@ def test_debians_dkms_module_is_nvidia_current_and_its_fixes_name_it(tmp_path):
     assert missing['fix'].endswith('dkms install nvidia-current/535.261.03 -k ' + NEXT)
     assert nk.dkms_name(st, '535.261.03') == nk.dkms_name(st, '535.309.01') == 'nvidia-current'
     assert nk.dkms_name({'dkms': {}}, '580.95.05') == 'nvidia'  # nothing built: NVIDIA's installer's name
+
+
+def test_what_a_driver_change_needs_of_the_node_is_read_from_its_files(tmp_path):
+    """dpkg's unfinished packages (as dpkg --audit reads its status), the headers of each kernel (its build link,
+    absolute within the node's root, as Debian's linux-headers packages make it), NVIDIA's installer's files."""
+    proc, root = node(tmp_path, kernels=(RUNNING, NEXT), built=(RUNNING, NEXT))
+    os.makedirs(os.path.join(root, 'usr/src/linux-headers-' + RUNNING))
+    os.symlink('/usr/src/linux-headers-' + RUNNING, os.path.join(root, 'lib/modules', RUNNING, 'build'))
+    os.symlink('/usr/src/linux-headers-' + NEXT, os.path.join(root, 'lib/modules', NEXT, 'build'))  # dangling
+    with open(os.path.join(root, 'var/lib/dpkg/status'), 'a') as fh:
+        fh.write('\n\nPackage: firmware-nvidia-gsp\nStatus: install ok half-configured\nSource: nvidia-graphics-drivers'
+                 '\nVersion: 535.309.01-0+deb12u1\n\nPackage: old\nStatus: deinstall ok config-files\nVersion: 1\n')
+    put(root, 'usr/bin/nvidia-uninstall')
+    st = nk.state(proc, root)
+    assert st['headers'] == {RUNNING: True, NEXT: False}
+    assert st['unfinished'] == {'firmware-nvidia-gsp': 'half-configured'}
+    assert st['packages']['firmware-nvidia-gsp'] == {'version': '535.309.01-0+deb12u1', 'held': False,
+                                                     'source': 'nvidia-graphics-drivers', 'state': 'half-configured'}
+    assert st['runfile'] == ['usr/bin/nvidia-uninstall']
+    assert nk.headers_package(NEXT) == 'proxmox-headers-' + NEXT
+    assert nk.headers_package('6.1.0-57-amd64') == 'linux-headers-6.1.0-57-amd64'

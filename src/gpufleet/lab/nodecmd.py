@@ -1,6 +1,7 @@
 """The lab node's own commands for its driver's life, acting on the node's stand-in files (host.gpus):
 
     apt-get update | install [-y] [-s] [--allow-change-held-packages] [--allow-downgrades] [-o OPT] PKG=VERSION ...
+    apt-cache madison PKG ...
     apt-mark hold|unhold|showhold [PKG ...]
     dkms install nvidia/VERSION -k KERNEL | dkms status
     nvidia-installer VERSION --silent [--dkms] [--kernel-name=KERNEL]   (NVIDIA-Linux-x86_64-VERSION.run)
@@ -79,6 +80,24 @@ def _apt_get(lab, args):
     return 0
 
 
+def _apt_cache(lab, args):
+    """madison: each version the node's sources offer of each package (the offered drivers and the one installed,
+    numbered -1 as NVIDIA's CUDA repository numbers them), as apt-cache prints them; N: for one it does not know."""
+    if args[:1] != ['madison']:
+        print('E: the lab node\'s apt-cache knows madison', file=sys.stderr)
+        return 100
+    packages = host.read_dpkg(lab)
+    versions = sorted(set(v + '-1' for v in host.offers(lab)) | set([host.installed_version(lab) + '-1']),
+                      key=host.version_key, reverse=True)
+    for name in args[1:]:
+        if name not in packages:
+            print('N: Unable to locate package {0}'.format(name))
+            continue
+        for version in versions:
+            print('{0:>20} | {1} | file:/var/lib/gpufleet-lab/repo lab/main amd64 Packages'.format(name, version))
+    return 0
+
+
 def _apt_mark(lab, args):
     packages = host.read_dpkg(lab)
     if args[:1] == ['showhold']:
@@ -145,7 +164,7 @@ def _reboot(lab, args):
     return 0
 
 
-COMMANDS = {'apt-get': _apt_get, 'apt-mark': _apt_mark, 'dkms': _dkms, 'nvidia-installer': _nvidia_installer,
+COMMANDS = {'apt-get': _apt_get, 'apt-cache': _apt_cache, 'apt-mark': _apt_mark, 'dkms': _dkms, 'nvidia-installer': _nvidia_installer,
             'reboot': _reboot}
 
 

@@ -67,7 +67,8 @@ def ensure_gpus(lab, record, say):
                 gpus['created'].append(path)
     if not gpus['real']:
         write_proc(lab, gpus['uvm_major'])
-    for rel, name in (('usr/bin', 'apt-get'), ('usr/bin', 'apt-mark'), ('usr/sbin', 'dkms'), ('usr/sbin', 'reboot')):
+    for rel, name in (('usr/bin', 'apt-get'), ('usr/bin', 'apt-cache'), ('usr/bin', 'apt-mark'), ('usr/sbin', 'dkms'),
+                      ('usr/sbin', 'reboot')):
         node_command(lab, os.path.join(rel, name), name)
 
 
@@ -340,14 +341,20 @@ def reset_kernel(lab):
         write_loaded(lab, lab.driver_version)
 
 
-def add_kernel(lab, release, module='built', version=None, pin=None):
+def add_kernel(lab, release, module='built', version=None, pin=None, headers=True):
     """A kernel installed on the node (its /boot/vmlinuz), with the NVIDIA module of version (the node's installed
     driver by default) as DKMS leaves it: 'built' (the module under lib/modules/<release>/updates/dkms and DKMS's
     tree), 'failed' (no module; the build's make.log, as DKMS keeps it after a failed build) or None (not built at all);
-    pin: 'pin' or 'next-boot' pins it as proxmox-boot-tool kernel pin [--next-boot] does (/etc/kernel/...)."""
+    pin: 'pin' or 'next-boot' pins it as proxmox-boot-tool kernel pin [--next-boot] does (/etc/kernel/...);
+    headers: its headers installed (lib/modules/<release>/build, to usr/src/linux-headers-<release>)."""
     version = version or installed_version(lab)
     root = lab.node_files
     _write(os.path.join(root, 'boot', 'vmlinuz-' + release), b'lab stand-in kernel\n', 0o644)
+    if headers:  # the headers DKMS builds against (proxmox-headers-<release>: /lib/modules/<release>/build)
+        _write(os.path.join(root, 'usr', 'src', 'linux-headers-' + release, 'Makefile'), b'# lab stand-in\n', 0o644)
+        link = os.path.join(root, 'lib', 'modules', release, 'build')
+        if not os.path.lexists(link):
+            os.symlink('/usr/src/linux-headers-' + release, link)
     if pin:
         _write(os.path.join(root, 'etc', 'kernel', 'next-boot-pin' if pin == 'next-boot' else 'proxmox-boot-pin'),
                (release + '\n').encode(), 0o644)
@@ -384,10 +391,13 @@ def read_dpkg(lab):
 
 
 def write_dpkg(lab, packages):
+    """The node's dpkg status: each driver package built from one source package (nvidia-graphics-drivers), as
+    NVIDIA's CUDA repository and Debian build them (dpkg's Source field)."""
     _write(dpkg_file(lab), '\n'.join(
-        'Package: {0}\nStatus: {1} ok installed\nArchitecture: amd64\nVersion: {2}\n'.format(
-            name, 'hold' if held else 'install', version) for name, (version, held) in sorted(packages.items())
-    ).encode(), 0o644)
+        'Package: {0}\nStatus: {1} ok installed\nArchitecture: amd64\n{3}Version: {2}\n'.format(
+            name, 'hold' if held else 'install', version,
+            'Source: nvidia-graphics-drivers\n' if name in DRIVER_PACKAGES and name != 'nvidia-graphics-drivers' else '')
+        for name, (version, held) in sorted(packages.items())).encode(), 0o644)
 
 
 # -- a new driver offered to a node and installed ---------------------------------------------------------------
@@ -422,15 +432,15 @@ def dkms_build(lab, version, release):
     dkms = os.path.join(lab.node_files, 'var', 'lib', 'dkms', 'nvidia', version)
     if version != installed_version(lab):
         return 'Error! The module/version combo: nvidia-{0} is not located in the DKMS tree.'.format(version)
-    if not os.path.exists(os.path.join(lab.node_files, 'boot', 'vmlinuz-' + release)):
+    if not os.path.exists(os.path.join(lab.node_files, 'usr', 'src', 'linux-headers-' + release)):
         return 'Error! Your kernel headers for kernel {0} cannot be found.'.format(release)
     if release in (offers(lab).get(version) or {}).get('fails_on', []):
-        add_kernel(lab, release, module='failed', version=version)
+        add_kernel(lab, release, module='failed', version=version, headers=False)
         return ('Error! Bad return status for module build on kernel: {0} (x86_64)\nConsult '
                 '/var/lib/dkms/nvidia/{1}/build/make.log for more information.'.format(release, version))
     for old in glob.glob(os.path.join(lab.node_files, 'lib', 'modules', release, '*', '*', 'nvidia.ko*')):
         os.unlink(old)
-    add_kernel(lab, release, module='built', version=version)
+    add_kernel(lab, release, module='built', version=version, headers=False)
     shutil.rmtree(os.path.join(dkms, 'build'), ignore_errors=True)
     return None
 
