@@ -29,6 +29,8 @@ def inventory(root):
     hosts = {}
     for node in nodes:
         if node['name'] == FIRST:
+            if node.get('debian'):
+                hosts[FIRST] = {'gpufleet_lab_debian': node['debian']}
             continue
         own = os.path.join(root, 'nodes', node['name'])
         hosts[node['name']] = {
@@ -40,11 +42,14 @@ def inventory(root):
             # where this node's own files are (see group_vars/pve_nodes.yml)
             'gpufleet_lab_node_dir': own, 'gpu_node_dev_dir': own + '/dev',
         }
+        if node.get('debian'):  # a node on Debian's own NVIDIA packaging (its suite)
+            hosts[node['name']]['gpufleet_lab_debian'] = node['debian']
     common = {'gpufleet_lab_dir': root}
     logins = read(os.path.join(root, 'credentials.json'))
     if isinstance(logins, dict):
         common['gpufleet_lab'] = logins
-    return {'all': {'vars': common}, 'pve_nodes': {'hosts': sorted(hosts)}, '_meta': {'hostvars': hosts}}
+    return {'all': {'vars': common}, 'pve_nodes': {'hosts': sorted(h for h in hosts if h != FIRST)},
+            '_meta': {'hostvars': hosts}}
 
 
 def main(argv):

@@ -96,7 +96,8 @@ class ActionModule(ControllerAction):
                              override=args['override'], gpu_mode=args['gpu_mode'], gpu_gid=args['gpu_gid'],
                              tag=args['tag'],
                              remove_confirm=None if self._task.check_mode else args['remove_confirm'],
-                             profiles=profiles(args['containers'], args['venv_profile'], args['venv_profiles_dir']))
+                             profiles=profiles(args['containers'], args['venv_profile'], args['venv_profiles_dir']),
+                             driver_floor=args['driver_floor'])
         # what a role leaves out of the connection options (omit) is not an option
         api = dict((k, v) for k, v in args['api'].items()
                    if not (isinstance(v, str) and v.startswith('__omit_place_holder__')))

@@ -103,6 +103,14 @@ options:
     description: Where profiles named by name are (C(torch_venv_profiles_dir)); empty - the collection's own.
     type: str
     default: ''
+  driver_floor:
+    description:
+      - Refuse a GPU container whose node runs an NVIDIA driver below its venv profile's floor (the oldest driver
+        that runs every CUDA wheel of the profile's lock), naming the node, the profile, the wheel and the driver.
+      - V(false) where the fleet is read to judge another driver (the driver upgrade's plan holds the new driver to
+        the floor instead).
+    type: bool
+    default: true
   api:
     description:
       - The PVE API connection (M(gpufleet.proxmox.lxc_container)'s C(api_*) options, C(validate_certs), C(ca_path)),
@@ -226,6 +234,7 @@ ARGUMENT_SPEC = {
     'api': {'type': 'dict', 'default': {}, 'no_log': True},
     'venv_profile': {'type': 'str', 'default': 'default'},
     'venv_profiles_dir': {'type': 'str', 'default': ''},
+    'driver_floor': {'type': 'bool', 'default': True},
 }
 
 

@@ -318,9 +318,11 @@ class Fleet(object):
     driver_mount: where a node's driver bundle is bound into its GPU containers ('' for none).
     gpu_mode, gpu_gid: how the GPUs' device nodes are made in every container whose entry does not say (devN)."""
 
-    def __init__(self, containers, nodes, defaults=None, passthrough='auto', gpu_sharing=False, driver_mount='',
-                 override=None, gpu_mode=GPU_MODE, gpu_gid=None, tag='', remove_confirm=None, profiles=None):
+    def __init__(self, containers, nodes, *, defaults=None, passthrough='auto', gpu_sharing=False, driver_mount='',
+                 override=None, gpu_mode=GPU_MODE, gpu_gid=None, tag='', remove_confirm=None, profiles=None,
+                 driver_floor=True):
         self.nodes = nodes or {}
+        self.driver_floor = driver_floor  # hold each GPU container's node driver to its profile's floor
         # {profile as an entry names it ('' for the default): {dir, pythons}} (or {dir, error}) of the venv profiles
         self.profiles = profiles or {}
         # GPUs named by UUID or PCI bus id, as the indexes their nodes have for them in this run
@@ -361,7 +363,7 @@ class Fleet(object):
             if check(key, value)]
         problems += errors(self.containers, self.gpus, pve, is_root_password, self.gpu_sharing, self.passthrough)
         problems += self.unlocked()
-        problems += self.below_floor()
+        problems += self.below_floor() if self.driver_floor else []
         problems += self.held_elsewhere()
         problems += self.unconfirmed()
         if problems:

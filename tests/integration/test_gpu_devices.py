@@ -37,7 +37,7 @@ def test_the_lab_nodes_gpus(play, lab):
     # the kernel the node runs, the module built for it by DKMS, the driver's packages held
     kernels = facts['kernels']
     assert kernels['running_kernel'] == kernels['next_kernel'] == '6.14.11-4-pve'
-    assert kernels['dkms'] == {'580.95.05': {'built': ['6.14.11-4-pve'], 'make_log': None}}
+    assert kernels['dkms'] == {'580.95.05': {'built': ['6.14.11-4-pve'], 'make_log': None, 'module': 'nvidia'}}
     assert kernels['modules']['6.14.11-4-pve'].endswith('/lib/modules/6.14.11-4-pve/updates/dkms/nvidia.ko')
     assert all(p['held'] for p in kernels['packages'].values()) and 'libcuda1' in kernels['packages']
 

@@ -68,6 +68,8 @@ def test_the_plan_refuses_a_gpu_container_on_a_node_below_its_profiles_floor():
         'CUDA 13 (as are 5 other wheel(s) of it), and CUDA 13.x runs on 580.65.06 or newer: upgrade the node\'s '
         'driver to 580.65.06 or newer (gpufleet driver-upgrade --node gpu01 --version VERSION), or give this '
         'container a profile whose wheels that driver runs']
+    # read to judge another driver (the driver upgrade's plan, which holds the new driver to the floor): not refused
+    _fleet.Fleet(entries, nodes, profiles=profiles, driver_floor=False).check()
     # the same fleet on a node with the R580 driver passes
     _fleet.Fleet(entries, dict(nodes, gpu01=dict(nodes['gpu01'], driver_version='580.95.05')), profiles=profiles).check()
 

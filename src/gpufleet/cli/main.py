@@ -90,7 +90,9 @@ def build_parser():
     lab.add_argument('node', nargs='?', help='reboot-node, node-down, node-up: the node (reboot-node: pve1 by default)')
     lab.add_argument('--nodes', type=int, help='up: how many nodes the cluster has (1 to 4; default: as it is)')
     lab.add_argument('--gpus', help='up: GPU stand-ins per node, one count or one per node (8,4,0)')
-    lab.add_argument('--drivers', help='up: the NVIDIA driver version per node, one or one per node')
+    lab.add_argument('--drivers', help='up: the NVIDIA driver version per node, one or one per node; a Debian '
+                     'version (535.261.03-1 of bookworm, 550.163.01-2 of trixie) makes a node on Debian\'s own '
+                     'packages (default for --nodes 3: 580.95.05,535.261.03-1,550.163.01-2)')
     lab.add_argument('--json', action='store_true', help='print the status as JSON')
     lab.set_defaults(func=lab_command)
     profile = sub.add_parser('profile', help="a venv profile's lock")

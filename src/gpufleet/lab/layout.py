@@ -59,6 +59,9 @@ class Lab:
     pct_link: str = '/usr/local/sbin/pct'
     pvesm_link: str = '/usr/local/sbin/pvesm'
     driver_version: str = DRIVER_VERSION
+    # '' for a node on the lab's stand-in packaging; else the Debian suite whose own NVIDIA packages the node runs
+    # (host.debnode: bookworm, a PVE 8 node; trixie, a PVE 9 node)
+    debian: str = ''
 
     def path(self, *parts):
         return os.path.join(self.root, *parts)
@@ -69,7 +72,7 @@ class Lab:
     # API, the containers' storage and the cluster's /etc/pve are shared, as in a PVE cluster.
     @property
     def nodes_file(self):
-        """[{name, ssh_port, gpus, driver}]: the cluster `up` made (absent: one node, pve1)."""
+        """[{name, ssh_port, gpus, driver, debian}]: the cluster `up` made (absent: one node, pve1)."""
         return self.path('nodes.json')
 
     def node_specs(self):
@@ -90,7 +93,7 @@ class Lab:
             if spec['name'] == name:
                 first = name == NODE
                 return replace(self, node=name, ssh_port=spec['ssh_port'], gpus=spec['gpus'],
-                               driver_version=spec['driver'],
+                               driver_version=spec['driver'], debian=spec.get('debian') or '',
                                dev_dir=HOST_DEV if first else self.path('nodes', name, 'dev'))
         raise NodeError('the lab has no node {0!r} (it has {1})'.format(
             name, ', '.join(s['name'] for s in self.node_specs())))
@@ -120,6 +123,12 @@ class Lab:
         """The directory of the node's own dir storage sid ('local', as /var/lib/vz on a PVE node): the files
         `pvesm path` names, such as its templates under template/cache."""
         return os.path.join(self.node_root, 'storage', sid)
+
+    @property
+    def bin_dir(self):
+        """The node's commands for its driver's life (apt-get, apt-cache, apt-mark, dkms, reboot): the lab's
+        stand-ins, or Debian's own run in the node's Debian root (host.debnode)."""
+        return os.path.join(self.node_root, 'bin')
 
     @property
     def driver_dir(self):

@@ -9,6 +9,7 @@ import subprocess
 import time
 
 from . import host
+from .host import debnode
 from .containers import Containers
 from .control import Control
 from .layout import DRIVER_VERSION, MAX_NODES, NODE, RELEASES, SSH_PORT, Lab, NodeError, TEMPLATE, write_json
@@ -24,10 +25,17 @@ def _per_node(option, text, count, default):
     return [default(v) for v in values]
 
 
+# The driver of a node that --nodes adds without --drivers: pve2 a PVE 8 node on Debian bookworm's own 535 packages,
+# pve3 a PVE 9 node on trixie's 550 (host.debnode), the others the lab's stand-in packaging of DRIVER_VERSION.
+DEFAULT_DRIVERS = {'pve2': '535.261.03-1', 'pve3': '550.163.01-2'}
+
+
 def plan_nodes(lab, count=None, gpus=None, drivers=None):
-    """The cluster `up` makes: [{name, ssh_port, gpus, driver}], pve1 first. Without options, the one the lab
-    has; with them, count nodes (1 to MAX_NODES), each with its GPU count and driver version (--gpus 8,4,0,
-    --drivers 580.95.05,570.172.08,...; one value for all). A node that holds containers is not taken away."""
+    """The cluster `up` makes: [{name, ssh_port, gpus, driver, debian}], pve1 first. Without options, the one the
+    lab has; with them, count nodes (1 to MAX_NODES), each with its GPU count and driver version (--gpus 8,4,0,
+    --drivers 580.95.05,570.172.08,...; one value for all; a Debian version such as 535.261.03-1 makes the node one
+    on Debian's own packaging; a node added without --drivers takes DEFAULT_DRIVERS'). A node that holds containers
+    is not taken away."""
     current = lab.node_specs()
     if count is None and gpus is None and drivers is None:
         return current
@@ -41,22 +49,41 @@ def plan_nodes(lab, count=None, gpus=None, drivers=None):
         return int(text)
 
     def version(text):
+        suite = debnode.suite_of(text)
+        if suite:  # a Debian version: the node runs Debian's own packages of it (host.debnode)
+            first = debnode.SUITES[suite]['versions'][0]
+            if text != first:
+                raise host.LabError('--drivers: a Debian {0} node starts on {1} (offer {2} to it later: '
+                                    'manager.offer_driver), got {2!r}'.format(suite, first, text))
+            return text
         parts = text.split('.')
         if len(parts) < 2 or not all(p.isdigit() for p in parts):
-            raise host.LabError('--drivers takes NVIDIA driver versions such as 580.95.05, got {0!r}'.format(text))
+            raise host.LabError('--drivers takes NVIDIA driver versions such as 580.95.05, or a Debian version of '
+                                "Debian's own packages ({0}), got {1!r}".format(
+                                    ', '.join(s['versions'][0] for s in debnode.SUITES.values()), text))
         return text
     old = dict((spec['name'], spec) for spec in current)
     names = ['pve{0}'.format(i + 1) for i in range(count)]
     counts = _per_node('--gpus', gpus, count, gpu_count) if gpus is not None else [
         old.get(n, {}).get('gpus', lab.gpus) for n in names]
     versions = _per_node('--drivers', drivers, count, version) if drivers is not None else [
-        old.get(n, {}).get('driver', DRIVER_VERSION) for n in names]
+        debnode.SUITES[old[n]['debian']]['versions'][0] if old.get(n, {}).get('debian') else
+        old[n]['driver'] if n in old else DEFAULT_DRIVERS.get(n, DRIVER_VERSION) for n in names]
     held = sorted(set(item.get('node') for item in _saved_state(lab).get('cts') or []) - set(names) - {None})
     if held:
         raise host.LabError('node(s) {0} hold containers: destroy them (or gpufleet lab reset) before taking the '
                             'node away'.format(', '.join(held)))
-    return [{'name': n, 'ssh_port': SSH_PORT + i, 'gpus': counts[i], 'driver': versions[i]}
-            for i, n in enumerate(names)]
+    return [node_spec(n, SSH_PORT + i, counts[i], versions[i]) for i, n in enumerate(names)]
+
+
+def node_spec(name, port, gpus, driver):
+    """A node of the cluster: a driver given as a Debian version (535.261.03-1) makes it a node on Debian's own
+    packaging of that suite, its driver the upstream version."""
+    suite = debnode.suite_of(driver)
+    spec = {'name': name, 'ssh_port': port, 'gpus': gpus, 'driver': debnode.upstream(driver) if suite else driver}
+    if suite:
+        spec['debian'] = suite
+    return spec
 
 
 def _saved_state(lab):
@@ -81,6 +108,10 @@ def set_nodes(lab, specs, record):
             continue
         old = lab.on(name)
         host.remove_gpus(record, old)
+        if name in wanted and (wanted[name].get('debian') or '') != old.debian:
+            # another packaging: the node's own files, driver and commands are made again for it
+            for path in (old.node_files, old.driver_dir, old.bin_dir, old.proc_dir):
+                shutil.rmtree(path, ignore_errors=True)
         if name not in wanted:
             host.stop_sshd(old)
             for path in (old.node_root, os.path.join(lab.pve_root, 'nodes', name)):

@@ -9,6 +9,7 @@ import shutil
 import sys
 from ..layout import NODE
 
+from . import debnode
 from ._util import LabError, _read, _write, sh
 
 
@@ -67,18 +68,28 @@ def ensure_gpus(lab, record, say):
                 gpus['created'].append(path)
     if not gpus['real']:
         write_proc(lab, gpus['uvm_major'])
-    for rel, name in (('usr/bin', 'apt-get'), ('usr/bin', 'apt-cache'), ('usr/bin', 'apt-mark'), ('usr/sbin', 'dkms'),
-                      ('usr/sbin', 'reboot')):
-        node_command(lab, os.path.join(rel, name), name)
+    ensure_commands(lab)
 
 
-def node_command(lab, rel, *words):
-    """One of the node's own commands (rel in its files: apt-get, dkms, NVIDIA's installer...), the lab's stand-in
-    for it: gpufleet.lab.nodecmd with words, run by the lab's Python as this node."""
+def node_command(lab, path, *words):
+    """One of the node's own commands (at path: apt-get, dkms, NVIDIA's installer...), the lab's stand-in for it:
+    gpufleet.lab.nodecmd with words, run by the lab's Python as this node."""
     text = ('#!/bin/sh\n# gpufleet lab: {0} of lab node {1}\n'
             'GPUFLEET_LAB_DIR={2} GPUFLEET_LAB_NODE={1} exec {3} -m gpufleet.lab.nodecmd {4} "$@"\n').format(
-                os.path.basename(rel), lab.node, lab.root, sys.executable, ' '.join(words))
-    _write(os.path.join(lab.node_files, rel), text.encode(), 0o755)
+                os.path.basename(path), lab.node, lab.root, sys.executable, ' '.join(words))
+    _write(path, text.encode(), 0o755)
+
+
+def ensure_commands(lab):
+    """The node's commands for its driver's life in its bin_dir: on a Debian node Debian's own apt-get, apt-cache,
+    apt-mark, dpkg and dkms run in its root (debnode), on the others the lab's stand-ins; the lab's reboot on both
+    (the kernel side stays the lab's)."""
+    if lab.debian:
+        debnode.write_commands(lab.node_files, lab, lab.bin_dir)
+    else:
+        for name in ('apt-get', 'apt-cache', 'apt-mark', 'dkms'):
+            node_command(lab, os.path.join(lab.bin_dir, name), name)
+    node_command(lab, os.path.join(lab.bin_dir, 'reboot'), 'reboot')
 
 
 NVIDIA_SMI = """#!/bin/sh
@@ -220,11 +231,15 @@ def write_userspace(lab):
     _write(os.path.join(lab.driver_dir, 'bin', 'nvidia-smi'), NVIDIA_SMI.format(
         version=version, count=lab.gpus, cards=' '.join(str(c) for c in cards(lab)), proc=lab.proc_dir).encode(),
         0o755)
-    build_driver_libs(os.path.join(lab.driver_dir, 'lib'), version)
+    if not lab.debian:  # a Debian node's libraries are its packages' own
+        build_driver_libs(os.path.join(lab.driver_dir, 'lib'), version)
 
 
 def installed_version(lab):
-    """The version of the node's userspace driver: the one an install left (install_driver), else the node's own."""
+    """The version of the node's userspace driver: on a Debian node the one its packages installed, else the one an
+    install left (install_driver), else the node's own."""
+    if lab.debian:
+        return debnode.userspace_version(lab.node_files) or lab.driver_version
     return _first_line(os.path.join(lab.driver_dir, 'installed')) or lab.driver_version
 
 
@@ -248,6 +263,10 @@ def ensure_kernel(lab):
     driver's packages, made once: a test's changes stay until the lab is made again."""
     osrelease = _osrelease(lab)
     if os.path.exists(osrelease):
+        return
+    if lab.debian:
+        debnode.ensure_node(lab)
+        _write(osrelease, (debnode.kernel(lab.node_files) + '\n').encode(), 0o644)
         return
     add_kernel(lab, KERNEL)
     hold_driver(lab, True)
@@ -281,7 +300,7 @@ def installed_kernels(lab):
 def dkms_built(lab):
     """{version: [kernels]} DKMS built the NVIDIA module of version for."""
     built = {}
-    for path in glob.glob(os.path.join(lab.node_files, 'var', 'lib', 'dkms', 'nvidia', '*', '*', '*', 'module')):
+    for path in glob.glob(os.path.join(lab.node_files, 'var', 'lib', 'dkms', 'nvidia*', '*', '*', '*', 'module')):
         parts = path.split(os.sep)
         built.setdefault(parts[-4], []).append(parts[-3])
     return dict((v, sorted(k, key=version_key)) for v, k in built.items())
@@ -295,9 +314,13 @@ MODULE_PLACES = ('updates/dkms', 'kernel/drivers/video', 'extra', 'updates')
 def module_version(lab, release):
     """The version of the NVIDIA module installed for kernel release (None: none is)."""
     for place in MODULE_PLACES:
-        for path in glob.glob(os.path.join(lab.node_files, 'lib', 'modules', release, place, 'nvidia.ko*')):
-            words = _read(path).split()  # 'lab stand-in module <version>'
-            return words[3] if len(words) > 3 else lab.driver_version
+        for name in ('nvidia.ko*', 'nvidia-current.ko*'):
+            for path in glob.glob(os.path.join(lab.node_files, 'lib', 'modules', release, place, name)):
+                real = debnode.module_version(path)  # a module DKMS built (Debian's nvidia-current)
+                if real:
+                    return real
+                words = _read(path).split()  # 'lab stand-in module <version>'
+                return words[3] if len(words) > 3 else lab.driver_version
     return None
 
 
@@ -330,7 +353,9 @@ def boot_kernel(lab):
 def reset_kernel(lab):
     """Forget what tests did to the node's kernels, modules, packages and driver installs; the next write_proc makes
     them anew, and a module of another version loaded since is the node's own again (as after a reload)."""
-    for rel in ('boot', 'lib/modules', 'etc/kernel', 'var/lib/dkms', 'var/lib/dpkg'):
+    if lab.debian:  # the node's Debian root as it started
+        debnode.ensure_node(lab, again=True)
+    for rel in ('boot', 'lib/modules', 'etc/kernel', 'var/lib/dkms', 'var/lib/dpkg') if not lab.debian else ():
         shutil.rmtree(os.path.join(lab.node_files, rel), ignore_errors=True)
     # (and the collection's record of the node's last driver upgrade)
     for path in (_osrelease(lab), os.path.join(lab.driver_dir, 'installed'), offers_file(lab),
@@ -371,7 +396,13 @@ def add_kernel(lab, release, module='built', version=None, pin=None, headers=Tru
 
 
 def hold_driver(lab, held=True, version=None):
-    """The driver's Debian packages in the node's dpkg status: held from upgrades (apt-mark hold) or not."""
+    """The driver's Debian packages in the node's dpkg status: held from upgrades (apt-mark hold) or not (on a
+    Debian node by its own apt-mark)."""
+    if lab.debian:
+        names = sorted(read_dpkg(lab))
+        debnode.run(lab.node_files, lab, 'apt-mark', 'hold' if held else 'unhold',
+                    *[n for n in names if re.match(r'^(nvidia-|libnvidia-|libcuda1|firmware-nvidia-)', n)])
+        return
     version = version or installed_version(lab)
     write_dpkg(lab, dict((name, (version + '-1', held)) for name in DRIVER_PACKAGES))
 
@@ -420,11 +451,16 @@ def offers(lab):
 
 def offer_driver(lab, version, fails_on=()):
     """The node's package sources offer the driver of version, and NVIDIA's installer of it lies in the node's
-    /root (NVIDIA-Linux-x86_64-<version>.run); its module does not build for the kernels in fails_on."""
+    /root (NVIDIA-Linux-x86_64-<version>.run); its module does not build for the kernels in fails_on. A Debian node's
+    own repository offers a Debian version of its suite (debnode.offer_version; fails_on is the stand-in's)."""
+    if lab.debian:
+        debnode.offer_version(lab, version)
+        return
     found = offers(lab)
     found[version] = {'fails_on': list(fails_on)}
     _write(offers_file(lab), json.dumps(found, indent=1).encode(), 0o644)
-    node_command(lab, os.path.join('root', 'NVIDIA-Linux-x86_64-{0}.run'.format(version)), 'nvidia-installer', version)
+    node_command(lab, os.path.join(lab.node_files, 'root', 'NVIDIA-Linux-x86_64-{0}.run'.format(version)),
+                 'nvidia-installer', version)
 
 
 def dkms_build(lab, version, release):
