@@ -121,6 +121,20 @@ def packages(root='/'):
     return found
 
 
+def driver_set(found):
+    """The driver's packages that move together (found: packages(), {name: {version, source, ...}}): those of the
+    source that builds libcuda1 (else the source with the most of them), at that package's version. The others
+    (Debian's nvidia-modprobe, nvidia-kernel-common, nvidia-legacy-check: other sources, or other versions) move as
+    apt resolves their dependencies."""
+    found = found or {}
+    if not found:
+        return []
+    lead = found.get('libcuda1') or max(found.values(), key=lambda p: sum(
+        1 for q in found.values() if q.get('source') == p.get('source')))
+    return sorted(n for n, p in found.items()
+                  if p.get('source') == lead.get('source') and p.get('version') == lead.get('version'))
+
+
 def unfinished(root='/'):
     """Every package dpkg has not finished (half-configured, unpacked, half-installed, triggers awaited or pending),
     of the whole node: {name: state}, as dpkg --audit reads them from its status file."""
@@ -204,7 +218,7 @@ def findings(found, loaded, installed, hold=True):
                         'msg': 'the NVIDIA module built for kernel {0}, which the node boots next, is {1}, but the '
                                'userspace driver is {2}: after a reboot every GPU container fails with "driver/library '
                                'version mismatch"'.format(upcoming, built[upcoming], target)})
-    loose = sorted(name for name, p in found['packages'].items() if not p['held'])
+    loose = [name for name in driver_set(found['packages']) if not found['packages'][name]['held']]
     if hold and loose:
         out.append({'code': 'driver_not_held', 'packages': loose,
                     'fix': 'apt-mark hold {0}'.format(' '.join(loose)),

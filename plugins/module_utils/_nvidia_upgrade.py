@@ -39,20 +39,6 @@ def madison(text):
     return out
 
 
-def driver_set(found):
-    """The driver's packages that move together (found: discovery's packages, {name: {version, source, ...}}): those
-    of the source that builds libcuda1 (else the source with the most of them), at that package's version. The
-    others (nvidia-modprobe, nvidia-persistenced, nvidia-kernel-common: other sources, other versions) move as apt
-    resolves their dependencies."""
-    found = found or {}
-    if not found:
-        return []
-    lead = found.get('libcuda1') or max(found.values(), key=lambda p: sum(
-        1 for q in found.values() if q.get('source') == p.get('source')))
-    return sorted(n for n, p in found.items()
-                  if p.get('source') == lead.get('source') and p.get('version') == lead.get('version'))
-
-
 def pick(version, offered, exact=None):
     """The Debian version apt offers (offered: a package's versions) for driver version: (version, None), else (None,
     []) where none is offered, (None, [several]) where the upstream version alone names several. version may be
@@ -125,7 +111,7 @@ def plan(node, version, method, devices, containers, packages=(), package_versio
     """The upgrade of node to driver version with method (apt or run): {needed, from, to, kernels, containers,
     pins (each package at the Debian version apt offers for it, as apt-get takes it), steps, msg, rollback}.
     devices: gpu_devices' facts of the node; containers: [{vmid, hostname, profile, needs, floor}] of its GPU
-    containers; packages: the driver's packages (the ones of one source and version move together: driver_set);
+    containers; packages: the driver's packages (the ones of one source and version move together: _nvidia_kernel.driver_set);
     offered: {package: [Debian versions the node's apt offers, its cache's included]} (apt-cache madison's);
     read: the fleet's containers as the API has them (unmade). version is upstream (580.105.08) or a Debian version
     in full (550.163.01-4~bpo13+1, another revision of the same upstream). PlanError, before anything changes, where
@@ -149,7 +135,7 @@ def plan(node, version, method, devices, containers, packages=(), package_versio
     wanted = list(dict.fromkeys(k for k in (running, upcoming) if k))  # the two, once where they are the same
     installed = devices.get('installed_versions') or []
     found = dict((n, p) for n, p in (kernels.get('packages') or {}).items() if n in set(packages))
-    moved = driver_set(found) if found else sorted(packages)
+    moved = _nvidia_kernel.driver_set(found) if found else sorted(packages)
     offered = offered or {}
     pins, problems = pins_of(moved, version, offered, package_version) if method == 'apt' else ([], [])
     built = built_for(kernels, target)

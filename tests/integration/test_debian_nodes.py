@@ -51,8 +51,10 @@ def node_run(debian, node, *argv):
     return debnode.run(on.node_files, on, *argv, check=False)
 
 
-def dpkg(debian, node):
-    return host.read_dpkg(debian['lab'].on(node))
+def dpkg(debian, node, names=MOVED):
+    """{package: (version, held)} of the driver's packages in the node's dpkg status."""
+    found = host.read_dpkg(debian['lab'].on(node))
+    return dict((n, found.get(n)) for n in names)
 
 
 def upgrade(tmp_path, version, *args):
@@ -81,7 +83,8 @@ def test_the_default_cluster_has_a_bookworm_and_a_trixie_node_read_as_debian_pac
         assert facts['driver_version'] == version and facts['installed_versions'] == [version]
         # DKMS built Debian's module, named as Debian's packaging names it, against the kernel's real headers
         assert kernels['dkms'] == {version: {'built': [running], 'make_log': None, 'module': 'nvidia-current'}}
-        assert kernels['modules'][running].endswith('/updates/dkms/nvidia-current.ko')
+        # (trixie's DKMS compresses it as the kernel's own modules are: .ko.xz)
+        assert kernels['modules'][running].endswith(('/updates/dkms/nvidia-current.ko', '/nvidia-current.ko.xz'))
         assert kernels['headers'] == {running: True} and kernels['unfinished'] == {} and kernels['runfile'] == []
         assert kernels['packages']['nvidia-kernel-dkms'] == {'version': package, 'held': True,
                                                              'source': 'nvidia-graphics-drivers', 'state': 'installed'}
@@ -99,9 +102,9 @@ def test_a_bookworm_node_moves_to_debians_security_update_and_back_refused_first
     assert made.rc == 0, made.failures() or made.stdout[-3000:]
     on = lab.on('pve2')
     running = debnode.kernel(on.node_files)
-    before = dpkg(debian, 'pve2')
 
     def refused(version, why):
+        before = dpkg(debian, 'pve2')
         out = upgrade(tmp_path, version, '-e', '@' + str(fleet), '--limit', 'pve2')
         assert out.rc != 0 and why in out.stdout, out.failures() or out.stdout[-3000:]
         assert not [t for t in out.tasks('pve2') if t.get('changed')]
@@ -130,6 +133,7 @@ def test_a_bookworm_node_moves_to_debians_security_update_and_back_refused_first
     assert node_run(debian, 'pve2', 'dpkg', '--configure', '-a').returncode == 0
 
     # asked first: every package pinned to the Debian version apt offers, the real build for the node's kernel
+    before = dpkg(debian, 'pve2')
     check = upgrade(tmp_path, '535.309.01', '-e', '@' + str(fleet), '--limit', 'pve2', '--check')
     assert check.rc == 0, check.failures()
     assert ('install the packages {0} (held again after); 3. build the module for {1} (running)'.format(

@@ -23,7 +23,8 @@ def node(tmp_path, kernels=(RUNNING,), built=(RUNNING,), version='580.95.05', he
         put(root, 'lib/modules/{0}/updates/dkms/nvidia.ko'.format(k))
         put(root, 'var/lib/dkms/nvidia/{0}/{1}/x86_64/module/nvidia.ko'.format(version, k))
     put(root, 'var/lib/dpkg/status', ''.join(
-        'Package: {0}\nStatus: {1} ok installed\nVersion: {2}-1\n\n'.format(n, 'hold' if held else 'install', version)
+        'Package: {0}\nStatus: {1} ok installed\nSource: nvidia-graphics-drivers\nVersion: {2}-1\n\n'.format(
+            n, 'hold' if held else 'install', version)
         for n in ('nvidia-kernel-dkms', 'libcuda1')) + 'Package: bash\nStatus: install ok installed\nVersion: 5.2\n\n'
         # NVIDIA's container toolkit is versioned apart from the driver: not one of its packages
         'Package: libnvidia-container1\nStatus: install ok installed\nVersion: 1.17.8-1\n\n'
@@ -41,10 +42,14 @@ def test_a_node_whose_module_is_built_for_its_kernels_and_held_has_no_finding(tm
     assert (st['running_kernel'], st['next_kernel'], st['next_kernel_why']) == (RUNNING, NEXT, 'the newest installed')
     assert st['dkms'] == {'580.95.05': {'built': [RUNNING, NEXT], 'make_log': None, 'module': 'nvidia'}}
     assert st['packages'] == {
-        'nvidia-kernel-dkms': {'version': '580.95.05-1', 'held': True, 'source': 'nvidia-kernel-dkms',
+        'nvidia-kernel-dkms': {'version': '580.95.05-1', 'held': True, 'source': 'nvidia-graphics-drivers',
                                'state': 'installed'},
-        'libcuda1': {'version': '580.95.05-1', 'held': True, 'source': 'libcuda1', 'state': 'installed'}}
+        'libcuda1': {'version': '580.95.05-1', 'held': True, 'source': 'nvidia-graphics-drivers', 'state': 'installed'}}
     assert (st['unfinished'], st['runfile'], st['headers']) == ({}, [], {RUNNING: False, NEXT: False})
+    # a package of another source, not held (Debian's nvidia-modprobe): an upgrade of it replaces no driver
+    with open(os.path.join(root, 'var/lib/dpkg/status'), 'a') as fh:
+        fh.write('\n\nPackage: nvidia-modprobe\nStatus: install ok installed\nVersion: 535.309.01-0+deb12u1\n')
+    assert found(proc, root) == [] and nk.driver_set(nk.packages(root)) == ['libcuda1', 'nvidia-kernel-dkms']
     assert found(proc, root) == []
 
 

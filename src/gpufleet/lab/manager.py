@@ -207,14 +207,20 @@ def reset(lab=None, say=print):
 
 def run_boot_units(lab):
     """The node's own boot: each unit enabled under the node's /etc/systemd/system (multi-user.target.wants, in
-    name order) run as systemd would, before pve-guests starts the onboot containers; {unit: [exit code, output]}."""
+    name order) whose program is one of the node's own files (the ones written there, as gpu_node's boot unit is),
+    run as systemd would, before pve-guests starts the onboot containers; {unit: [exit code, output]}. A node on
+    Debian's own packaging has its distribution's units too (networkd, cron...): the lab does not boot that system,
+    only its kernel side."""
     wants = os.path.join(lab.node_files, 'etc', 'systemd', 'system', 'multi-user.target.wants')
     ran = {}
     for unit in sorted(glob.glob(os.path.join(wants, '*.service'))):
         with open(unit) as fh:
             commands = [line.split('=', 1)[1].strip() for line in fh if line.startswith('ExecStart=')]
         for command in commands:
-            out = subprocess.run(shlex.split(command.lstrip('-')), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            argv = shlex.split(command.lstrip('-@:+!'))
+            if not argv or not argv[0].startswith(lab.node_files + os.sep):
+                continue
+            out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True, timeout=120, check=False)
             ran[os.path.basename(unit)] = [out.returncode, out.stdout.strip()]
     return ran

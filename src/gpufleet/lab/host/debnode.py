@@ -113,36 +113,67 @@ def resolve(lab, suite, version):
 
 def fetch(lab, suite, say=print):
     """The suite's driver versions and what they need beyond the base, downloaded once into the lab's cache
-    (pool/), with each version's list (versions/<version>.json); kept by `down`."""
+    (pool/), with each version's list (versions/<version>.json: packages, what installing it takes; also, the other
+    packages of the driver's source that the archive has at that version, as a mirror offers them, so that a move
+    to it pins them too); kept by `down`."""
     base = cache_dir(lab, suite)
     pool, lists = os.path.join(base, 'pool'), os.path.join(base, 'versions')
-    missing = [v for v in SUITES[suite]['versions'] if not os.path.exists(os.path.join(lists, v + '.json'))]
-    if not missing:
+    versions = SUITES[suite]['versions']
+    if all('also' in _read_json(os.path.join(lists, v + '.json')) for v in versions):
         return
     say("fetching Debian {0}'s NVIDIA driver packages ({1}) into the lab's cache (once)".format(
-        suite, ', '.join(missing)))
+        suite, ', '.join(versions)))
     _apt_root(lab, suite)
     _apt(lab, suite, 'apt-get', 'update')
     os.makedirs(pool, exist_ok=True)
     os.makedirs(lists, exist_ok=True)
-    for version in missing:
-        needed = resolve(lab, suite, version)
-        get = ['{0}={1}'.format(p, v) for p, v in sorted(needed.items()) if not _deb_file(pool, p, v)]
-        if get:
-            done = subprocess.run(['apt-get', '-o', 'Dir=' + os.path.join(base, 'apt'), '-o',
-                                   'Dir::State::status=' + os.path.join(lab.base_rootfs_of(suite, False), 'var', 'lib',
-                                                                        'dpkg', 'status'),
-                                   '-o', 'Debug::NoLocking=1', 'download'] + get, cwd=pool,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            if done.returncode:
-                raise LabError('downloading the NVIDIA driver {0} of {1} failed:\n{2}'.format(
-                    version, suite, done.stdout[-3000:]))
-        absent = ['{0}={1}'.format(p, v) for p, v in sorted(needed.items()) if not _deb_file(pool, p, v)]
-        if absent:
-            raise LabError('apt-get download left out {0}'.format(', '.join(absent)))
-        files = sorted(_deb_file(pool, p, v) for p, v in needed.items())
+    needed = dict((v, resolve(lab, suite, v)) for v in versions)
+    # the driver's own packages: those at one of the suite's versions in some version's set
+    own = sorted(set(p for v in versions for p, pv in needed[v].items() if pv in versions))
+    offered = _madison(lab, suite, own)
+    for version in versions:
+        also = dict((p, version) for p in own if needed[version].get(p) != version and version in offered.get(p, []))
+        _download(lab, suite, pool, dict(needed[version], **also))
+        files = sorted(set(_deb_file(pool, p, v) for p, v in list(needed[version].items()) + list(also.items())))
         _write(os.path.join(lists, version + '.json'), json.dumps(
-            {'version': version, 'packages': needed, 'files': files}, indent=1, sort_keys=True).encode(), 0o644)
+            {'version': version, 'packages': needed[version], 'also': also, 'files': files}, indent=1,
+            sort_keys=True).encode(), 0o644)
+
+
+def _read_json(path):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return {}
+
+
+def _madison(lab, suite, packages):
+    """{package: [versions the suite's archives offer]}."""
+    out = {}
+    for line in _apt(lab, suite, 'apt-cache', 'madison', *packages).stdout.splitlines():
+        parts = [p.strip() for p in line.split('|')]
+        if len(parts) >= 3 and 'Sources' not in parts[2]:
+            out.setdefault(parts[0], []).append(parts[1])
+    return out
+
+
+def _download(lab, suite, pool, wanted):
+    """Each package version of wanted ({package: version}) into pool, where it is not there yet."""
+    get = ['{0}={1}'.format(p, v) for p, v in sorted(wanted.items()) if not _deb_file(pool, p, v)]
+    if get:
+        base = cache_dir(lab, suite)
+        done = subprocess.run(['apt-get', '-o', 'Dir=' + os.path.join(base, 'apt'), '-o',
+                               'Dir::State::status=' + os.path.join(lab.base_rootfs_of(suite, False), 'var', 'lib',
+                                                                    'dpkg', 'status'),
+                               '-o', 'Debug::NoLocking=1', 'download'] + get, cwd=pool,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if done.returncode:
+            raise LabError('downloading Debian {0}\'s NVIDIA driver packages failed:\n{1}'.format(
+                suite, done.stdout[-3000:]))
+    absent = ['{0}={1}'.format(p, v) for p, v in sorted(wanted.items()) if not _deb_file(pool, p, v)]
+    if absent:
+        raise LabError('apt-get download left out {0}'.format(', '.join(absent)))
 
 
 def _deb_file(pool, package, version):
@@ -259,6 +290,8 @@ def ensure_root(lab, suite, say=print):
     run(work, lab, 'apt-get', 'install', '-y', '--no-install-recommends',
         *['{0}={1}'.format(p, first) for p in source])
     run(work, lab, 'apt-mark', 'hold', *source)
+    # each node gets its own repository (offer: hard links into the cache's pool), not a copy of this one's
+    shutil.rmtree(os.path.join(work, REPO), ignore_errors=True)
     _write(os.path.join(work, '.gpufleet-lab-stamp'), (first + '\n').encode(), 0o644)
     shutil.rmtree(done, ignore_errors=True)
     os.rename(work, done)
@@ -296,11 +329,20 @@ def kernel(root):
 
 
 def module_version(path):
-    """The version of a real kernel module file (its .modinfo section's version=), else None."""
+    """The version of a real kernel module file (its .modinfo section's version=; DKMS compresses it as the
+    kernel's modules are, .ko.xz on trixie), else None."""
     try:
         with open(path, 'rb') as fh:
             data = fh.read()
-    except OSError:
+        if path.endswith('.xz'):
+            import lzma
+            data = lzma.decompress(data)
+        elif path.endswith('.gz'):
+            import gzip
+            data = gzip.decompress(data)
+        elif path.endswith('.zst'):
+            data = subprocess.run(['zstd', '-dc', path], stdout=subprocess.PIPE, check=True).stdout
+    except (OSError, ValueError, subprocess.CalledProcessError):
         return None
     found = re.search(rb'(?:^|\x00)version=([0-9][0-9.]*)\x00', data)
     return found.group(1).decode() if found else None
@@ -333,10 +375,12 @@ def ensure_node(lab, again=False):
         return root
     source = ensure_root(lab, suite)
     if os.path.exists(stamp):
-        for rel in DRIVER_TREES:
+        for rel in DRIVER_TREES + (REPO,):
             shutil.rmtree(os.path.join(root, rel), ignore_errors=True)
     os.makedirs(root, exist_ok=True)
+    shutil.rmtree(os.path.join(source, REPO), ignore_errors=True)  # (a root built before that was so)
     sh(['cp', '-a', source + '/.', root + '/'])
+    offer(root, lab, suite, [SUITES[suite]['versions'][0]])
     return root
 
 

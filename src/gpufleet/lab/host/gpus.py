@@ -319,8 +319,10 @@ def module_version(lab, release):
                 real = debnode.module_version(path)  # a module DKMS built (Debian's nvidia-current)
                 if real:
                     return real
-                words = _read(path).split()  # 'lab stand-in module <version>'
-                return words[3] if len(words) > 3 else lab.driver_version
+                with open(path, 'rb') as fh:  # 'lab stand-in module <version>'
+                    words = fh.read(200).decode('utf-8', 'replace').split()
+                return words[3] if len(words) > 3 and words[:3] == ['lab', 'stand-in', 'module'] else \
+                    lab.driver_version
     return None
 
 
