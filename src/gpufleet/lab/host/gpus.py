@@ -380,6 +380,7 @@ def add_kernel(lab, release, module='built', version=None, pin=None, headers=Tru
     if headers:  # the headers DKMS builds against (proxmox-headers-<release>: /lib/modules/<release>/build)
         _write(os.path.join(root, 'usr', 'src', 'linux-headers-' + release, 'Makefile'), b'# lab stand-in\n', 0o644)
         link = os.path.join(root, 'lib', 'modules', release, 'build')
+        os.makedirs(os.path.dirname(link), exist_ok=True)
         if not os.path.lexists(link):
             os.symlink('/usr/src/linux-headers-' + release, link)
     if pin:
