@@ -349,7 +349,8 @@ def status(lab=None):
         'bridge': os.path.isdir('/sys/class/net/{0}'.format(lab.bridge)),
         'gpus': record.get('gpus', {}),
         'nodes': [{'name': n.node, 'ssh_port': n.ssh_port, 'sshd_running': host.sshd_running(n), 'gpus': n.gpus,
-                   'driver': n.driver_version, 'uvm_major': (record.get(host.gpu_record_key(n)) or {}).get('uvm_major')}
+                   'driver': n.driver_version, 'debian': n.debian or None,
+                   'uvm_major': (record.get(host.gpu_record_key(n)) or {}).get('uvm_major')}
                   for n in lab.cluster()],
         'template': 'local:vztmpl/' + TEMPLATE,
         'containers': [],
@@ -374,8 +375,9 @@ def render_status(st):
         real = node['name'] == NODE and gpus.get('real')
         lines.append('  node {0}  sshd 127.0.0.1:{1} {2}, {3}'.format(
             node['name'], node['ssh_port'], 'running' if node['sshd_running'] else 'not running',
-            'real NVIDIA nodes' if real else '{0} GPU stand-ins, driver {1}{2}'.format(
-                node['gpus'], node['driver'], ' (nvidia-uvm major {0})'.format(node['uvm_major'])
+            'real NVIDIA nodes' if real else '{0} GPU stand-ins, driver {1}{2}{3}'.format(
+                node['gpus'], node['driver'], " (Debian {0}'s own packages)".format(node['debian'])
+                if node.get('debian') else '', ' (nvidia-uvm major {0})'.format(node['uvm_major'])
                 if node['uvm_major'] else '')))
     lines.append('')
     lines.append('  {0:<6} {1:<6} {2:<20} {3:<9} {4:<9} {5}'.format('VMID', 'NODE', 'HOSTNAME', 'API', 'LXC', 'AGREE'))
