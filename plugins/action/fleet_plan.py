@@ -6,8 +6,6 @@ expanded by plugin_utils _fleet, every value checked against PVE's schema by _lx
 through _pve only where the plan depends on it."""
 
 
-import os
-
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
@@ -36,15 +34,6 @@ def nodes_seen(hostvars, nodes):
     return out
 
 
-def read_lock(path):
-    """A profile directory's lock, as text ('' where it has none yet: the venv build names what is missing)."""
-    try:
-        with open(os.path.join(path, 'requirements.lock'), 'rb') as fh:
-            return fh.read().decode('utf-8', 'replace')
-    except (IOError, OSError):
-        return ''
-
-
 def profiles(containers, default, profiles_dir):
     """{profile as an entry names it ('' for default): {name, dir, pythons, floor}} of the venv profiles the fleet
     uses, read on the controller (a profile that cannot be read is left to the venv build, which names it); floor: the
@@ -57,7 +46,7 @@ def profiles(containers, default, profiles_dir):
         path = _profile.directory(key or default, profiles_dir)
         try:
             out[key] = {'name': key or default, 'dir': path, 'pythons': _profile.pythons(_profile.read_meta(path)),
-                        'floor': _profile.driver_floor(read_lock(path))}
+                        'floor': _profile.driver_floor(_profile.read_lock(path))}
         except ValueError:
             continue
     return out

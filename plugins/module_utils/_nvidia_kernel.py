@@ -108,13 +108,21 @@ def dkms_name(found, version):
     return known[newest[0]]['module'] if newest else 'nvidia'
 
 
-def packages(root='/'):
-    """The driver's Debian packages installed: {name: {'version', 'held', 'source', 'state'}} (dpkg's status file;
-    source: the source package, whose binary packages move together at one version)."""
-    found = {}
+def dpkg_status(root='/'):
+    """dpkg's status file, read once: [(package, its fields, its Status words)]."""
+    out = []
     for stanza in (read_text(os.path.join(root, 'var', 'lib', 'dpkg', 'status')) or '').split('\n\n'):
         fields = dict(line.split(': ', 1) for line in stanza.splitlines() if ': ' in line and not line[:1].isspace())
-        name, status = fields.get('Package', ''), fields.get('Status', '').split()
+        if fields.get('Package'):
+            out.append((fields['Package'], fields, fields.get('Status', '').split()))
+    return out
+
+
+def packages(root='/', status=None):
+    """The driver's Debian packages installed: {name: {'version', 'held', 'source', 'state'}} (dpkg's status file, or
+    status: dpkg_status's; source: the source package, whose binary packages move together at one version)."""
+    found = {}
+    for name, fields, status in dpkg_status(root) if status is None else status:
         if PACKAGE_RE.match(name) and status[-1:] and status[-1] not in ('not-installed', 'config-files'):
             found[name] = {'version': fields.get('Version'), 'held': status[0] == 'hold',
                            'source': (fields.get('Source') or name).split(' ', 1)[0], 'state': status[-1]}
@@ -135,16 +143,11 @@ def driver_set(found):
                   if p.get('source') == lead.get('source') and p.get('version') == lead.get('version'))
 
 
-def unfinished(root='/'):
+def unfinished(root='/', status=None):
     """Every package dpkg has not finished (half-configured, unpacked, half-installed, triggers awaited or pending),
-    of the whole node: {name: state}, as dpkg --audit reads them from its status file."""
-    found = {}
-    for stanza in (read_text(os.path.join(root, 'var', 'lib', 'dpkg', 'status')) or '').split('\n\n'):
-        fields = dict(line.split(': ', 1) for line in stanza.splitlines() if ': ' in line and not line[:1].isspace())
-        status = fields.get('Status', '').split()
-        if fields.get('Package') and status[-1:] and status[-1] not in DONE_STATES:
-            found[fields['Package']] = status[-1]
-    return found
+    of the whole node: {name: state}, as dpkg --audit reads them from its status file (or status: dpkg_status's)."""
+    return dict((name, words[-1]) for name, _fields, words in (dpkg_status(root) if status is None else status)
+                if words[-1:] and words[-1] not in DONE_STATES)
 
 
 def headers(root, kernel):
@@ -171,10 +174,11 @@ def state(proc_root='/proc', root='/'):
     """What the node's files say of its driver across kernels."""
     running = running_kernel(proc_root)
     upcoming, why = next_kernel(root, running)
+    status = dpkg_status(root)
     return {'running_kernel': running, 'next_kernel': upcoming, 'next_kernel_why': why,
             'modules': dict((k, module_file(root, k)) for k in (running, upcoming) if k),
             'headers': dict((k, headers(root, k)) for k in (running, upcoming) if k),
-            'dkms': dkms(root), 'packages': packages(root), 'unfinished': unfinished(root),
+            'dkms': dkms(root), 'packages': packages(root, status), 'unfinished': unfinished(root, status),
             'runfile': runfile_installed(root)}
 
 

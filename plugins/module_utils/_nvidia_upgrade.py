@@ -51,12 +51,12 @@ def pick(version, offered, exact=None):
 
 
 def pins_of(moved, version, offered, exact=None):
-    """Each package moved at the Debian version apt offers for version: (pins, problems)."""
-    pins, missing, several = [], [], {}
+    """Each package moved at the Debian version apt offers for version: ({package: Debian version}, problems)."""
+    pins, missing, several = {}, [], {}
     for name in moved:
         chosen, others = pick(version, offered.get(name) or [], exact)
         if chosen:
-            pins.append('{0}={1}'.format(name, chosen))
+            pins[name] = chosen
         elif others:
             several.setdefault(tuple(others), []).append(name)
         else:
@@ -137,10 +137,10 @@ def plan(node, version, method, devices, containers, packages=(), package_versio
     found = dict((n, p) for n, p in (kernels.get('packages') or {}).items() if n in set(packages))
     moved = _nvidia_kernel.driver_set(found) if found else sorted(packages)
     offered = offered or {}
-    pins, problems = pins_of(moved, version, offered, package_version) if method == 'apt' else ([], [])
+    chosen, problems = pins_of(moved, version, offered, package_version) if method == 'apt' else ({}, [])
+    pins = ['{0}={1}'.format(name, v) for name, v in sorted(chosen.items())]
     built = built_for(kernels, target)
-    repacked = any(found.get(pin.split('=', 1)[0], {}).get('version') not in (None, pin.split('=', 1)[1])
-                   for pin in pins)
+    repacked = any(found.get(name, {}).get('version') not in (None, v) for name, v in chosen.items())
     needed = bool(loaded) and (loaded != target or installed[-1:] != [target] or repacked
                                or (bool(kernels.get('dkms')) and not set(wanted) <= built))
     missing = unmade(node, containers, read) if needed else []

@@ -77,6 +77,15 @@ def read_meta(path):
     return meta
 
 
+def read_lock(path):
+    """A profile directory's lock, as text ('' where it has none yet: the venv build names what is missing)."""
+    try:
+        with open(os.path.join(path, 'requirements.lock'), 'rb') as fh:
+            return fh.read().decode('utf-8', 'replace')
+    except (IOError, OSError):
+        return ''
+
+
 def relock_fix(profile, python, path):
     """What makes a profile's lock cover one more Python."""
     return 'add "{0}" to python in {1}/profile.yml, then: gpufleet profile lock {1}'.format(python, path)

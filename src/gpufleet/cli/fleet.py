@@ -124,6 +124,8 @@ def outcome(command, fix, runner_status, rc, stats, verified, drift):
     left = ('; {0} orphan(s) left alone ({1}): containers that carry the fleet\'s tag outside its definition, their '
             'GPUs held'.format(len(orphans), ', '.join(orphans))) if orphans else ''
     waits = ', '.join((drift or {}).get('waiting_hosts') or [])
+    # the node findings a run does not mend: the operator's (their lines say the fix)
+    yours, mine = (drift or {}).get('yours', 0), ', '.join((drift or {}).get('yours_hosts') or [])
     judged = (verified or {}).get('expected') is not None
     fleet = 'verified {0} of {1} container(s)'.format((verified or {}).get('verified', 0), (verified or {}).get('expected'))
     if unreachable:
@@ -135,24 +137,20 @@ def outcome(command, fix, runner_status, rc, stats, verified, drift):
         if judged and not verified.get('ok'):
             verdict += '; ' + verified['verdict']
     elif drift_found and fix:
-        yours = (drift or {}).get('yours', 0)
         code, verdict = DRIFT, 'drift: {0} item(s) repaired'.format(count - waiting - yours)
         if yours:
-            verdict += '; {0} left for you to fix, as their lines say ({1})'.format(
-                yours, ', '.join((drift or {}).get('yours_hosts') or []))
+            verdict += '; {0} left for you to fix, as their lines say ({1})'.format(yours, mine)
         if waiting:
             verdict += ('; {0} wait for a restart ({1}), which takes the changes written: restart when their jobs '
                         'allow, or let a run do it (restart_on_pending)'.format(waiting, waits))
         verdict += ', and the fleet verified' + (' as it runs now' if waiting else '') + left
     elif drift_found:
-        yours = (drift or {}).get('yours', 0)
         code, verdict = DRIFT, 'drift: {0} item(s) found'.format(count)
         if count > waiting + yours:
             verdict += '; `gpufleet drift --fix` repairs {0}'.format(
                 'them' if not waiting + yours else '{0} of them'.format(count - waiting - yours))
         if yours:
-            verdict += '; {0} for you to fix, as their lines say ({1})'.format(
-                yours, ', '.join((drift or {}).get('yours_hosts') or []))
+            verdict += '; {0} for you to fix, as their lines say ({1})'.format(yours, mine)
         if waiting:
             verdict += ('; {0} take effect only when {1} restart(s): restart when their jobs allow, or let a run do it '
                         '(restart_on_pending)'.format(waiting, waits))
