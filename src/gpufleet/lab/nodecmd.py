@@ -82,7 +82,9 @@ def _apt_get(lab, args):
 
 def _apt_cache(lab, args):
     """madison: each version the node's sources offer of each package (the offered drivers and the one installed,
-    numbered -1 as NVIDIA's CUDA repository numbers them), as apt-cache prints them; N: for one it does not know."""
+    numbered -1 as NVIDIA's CUDA repository numbers them), a line each as apt-cache(8) madison prints them, and
+    nothing for a package the sources do not have (both as the real apt-cache 2.6 answers in a Debian node's root,
+    host.debnode, which runs the real one; this stand-in stays for the nodes that model NVIDIA's CUDA repository)."""
     if args[:1] != ['madison']:
         print('E: the lab node\'s apt-cache knows madison', file=sys.stderr)
         return 100
@@ -90,10 +92,7 @@ def _apt_cache(lab, args):
     versions = sorted(set(v + '-1' for v in host.offers(lab)) | set([host.installed_version(lab) + '-1']),
                       key=host.version_key, reverse=True)
     for name in args[1:]:
-        if name not in packages:
-            print('N: Unable to locate package {0}'.format(name))
-            continue
-        for version in versions:
+        for version in versions if name in packages else []:
             print('{0:>20} | {1} | file:/var/lib/gpufleet-lab/repo lab/main amd64 Packages'.format(name, version))
     return 0
 

@@ -1,6 +1,7 @@
 """What the lab's host pieces share: running commands, files written only when they differ, pid files."""
 
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -17,6 +18,11 @@ def sh(argv, check=True, **kwargs):
         raise LabError('{0} failed ({1}):\n{2}'.format(' '.join(argv), proc.returncode,
                                                        (proc.stderr or proc.stdout).strip()[-2000:]))
     return proc
+
+
+def version_key(release):
+    """A kernel or driver version as a sortable key (6.1.0-9 before 6.1.0-10)."""
+    return [int(p) if p.isdigit() else p for p in re.split(r'(\d+)', release)]
 
 
 # -- small helpers ----------------------------------------------------------------------

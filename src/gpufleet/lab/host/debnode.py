@@ -23,7 +23,7 @@ import re
 import shutil
 import subprocess
 
-from ._util import LabError, _write, sh
+from ._util import LabError, _write, sh, version_key
 
 MIRROR = os.environ.get('GPUFLEET_LAB_MIRROR', 'http://deb.debian.org/debian')
 SECURITY = os.environ.get('GPUFLEET_LAB_SECURITY_MIRROR', 'http://deb.debian.org/debian-security')
@@ -73,12 +73,13 @@ def _apt_root(lab, suite):
     return root
 
 
-def _apt(lab, suite, *args, check=True):
+def _apt(lab, suite, *args, check=True, cwd=None):
+    """The host's apt-get or apt-cache (args[0]) on the suite's apt state (_apt_root) over its Debian base."""
     root = os.path.join(cache_dir(lab, suite), 'apt')
     status = os.path.join(lab.base_rootfs_of(suite, False), 'var', 'lib', 'dpkg', 'status')
     argv = [args[0], '-o', 'Dir=' + root, '-o', 'Dir::State::status=' + status, '-o', 'APT::Architecture=amd64',
             '-o', 'Debug::NoLocking=1'] + list(args[1:])
-    done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
     if check and done.returncode:
         raise LabError('{0} failed ({1}):\n{2}'.format(' '.join(args[:3]), done.returncode, done.stdout[-3000:]))
     return done
@@ -162,15 +163,7 @@ def _download(lab, suite, pool, wanted):
     """Each package version of wanted ({package: version}) into pool, where it is not there yet."""
     get = ['{0}={1}'.format(p, v) for p, v in sorted(wanted.items()) if not _deb_file(pool, p, v)]
     if get:
-        base = cache_dir(lab, suite)
-        done = subprocess.run(['apt-get', '-o', 'Dir=' + os.path.join(base, 'apt'), '-o',
-                               'Dir::State::status=' + os.path.join(lab.base_rootfs_of(suite, False), 'var', 'lib',
-                                                                    'dpkg', 'status'),
-                               '-o', 'Debug::NoLocking=1', 'download'] + get, cwd=pool,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if done.returncode:
-            raise LabError('downloading Debian {0}\'s NVIDIA driver packages failed:\n{1}'.format(
-                suite, done.stdout[-3000:]))
+        _apt(lab, suite, 'apt-get', 'download', *get, cwd=pool)
     absent = ['{0}={1}'.format(p, v) for p, v in sorted(wanted.items()) if not _deb_file(pool, p, v)]
     if absent:
         raise LabError('apt-get download left out {0}'.format(', '.join(absent)))
@@ -325,7 +318,7 @@ def kernel(root):
     found = [os.path.basename(p)[len('vmlinuz-'):] for p in glob.glob(os.path.join(root, 'boot', 'vmlinuz-*'))]
     if not found:
         raise LabError('{0} has no kernel'.format(root))
-    return sorted(found, key=lambda r: [int(x) if x.isdigit() else x for x in re.split(r'(\d+)', r)])[-1]
+    return sorted(found, key=version_key)[-1]
 
 
 def module_version(path):

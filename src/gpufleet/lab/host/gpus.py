@@ -10,7 +10,7 @@ import sys
 from ..layout import NODE
 
 from . import debnode
-from ._util import LabError, _read, _write, sh
+from ._util import LabError, _read, _write, sh, version_key
 
 
 # -- GPU stand-ins ------------------------------------------------------------------
@@ -282,11 +282,6 @@ def _first_line(path):
     return (lines[0].strip() or None) if lines else None
 
 
-def version_key(release):
-    """A kernel or driver version as a sortable key."""
-    return [int(p) if p.isdigit() else p for p in re.split(r'(\d+)', release)]
-
-
 def running_kernel(lab):
     return _first_line(_osrelease(lab))
 
@@ -377,7 +372,10 @@ def add_kernel(lab, release, module='built', version=None, pin=None, headers=Tru
     version = version or installed_version(lab)
     root = lab.node_files
     _write(os.path.join(root, 'boot', 'vmlinuz-' + release), b'lab stand-in kernel\n', 0o644)
-    if headers:  # the headers DKMS builds against (proxmox-headers-<release>: /lib/modules/<release>/build)
+    # the headers DKMS builds against: Debian's linux-headers-<release> and PVE's proxmox-headers-<release> link
+    # /lib/modules/<release>/build to /usr/src/linux-headers-<release>; without it dkms stops with "Your kernel
+    # headers for kernel <release> cannot be found" (dkms's own message; a Debian node runs the real dkms)
+    if headers:
         _write(os.path.join(root, 'usr', 'src', 'linux-headers-' + release, 'Makefile'), b'# lab stand-in\n', 0o644)
         link = os.path.join(root, 'lib', 'modules', release, 'build')
         os.makedirs(os.path.dirname(link), exist_ok=True)
