@@ -5,8 +5,8 @@ of them), and DKMS really builds nvidia-current against the headers of the Debia
 kernel side (loading the module, /proc/driver/nvidia, nvidia-smi's answers, the device nodes) is the lab's.
 
 Through Ansible, as an operator runs it: discovery reads the node as Debian made it; driver_upgrade.yml refuses,
-before any container stops, a version the node's sources do not offer, a way back they no longer offer, a kernel
-without headers and an unfinished dpkg, each with its fix; it moves the bookworm node to Debian's security update
+before any container stops, a version the node's sources do not offer, a way back they no longer offer, the
+running kernel without headers, the next one (a PVE kernel) without headers and an unfinished dpkg, each with its fix; it moves the bookworm node to Debian's security update
 and back (each package at the Debian version apt offers, the real DKMS build for the node's kernel), and the trixie
 node to the backports' revision of the same upstream version."""
 
@@ -26,6 +26,7 @@ LAB = os.path.join(ROOT, 'inventories', 'lab')
 UPGRADE = os.path.join(ROOT, 'playbooks', 'driver_upgrade.yml')
 BOOKWORM, SECURITY, BACKPORTS = '535.261.03-1', '535.309.01-0+deb12u1', '535.216.03-2~bpo12+1'
 TRIXIE, TRIXIE_BPO = '550.163.01-2', '550.163.01-4~bpo13+1'
+NEXT_PVE = '6.8.12-16-pve'  # a PVE 8 kernel, newer than bookworm's own 6.1: the one the node boots next
 # the packages of the driver's source that a headless node has, as apt installs them
 MOVED = ('firmware-nvidia-gsp', 'libcuda1', 'libnvidia-ml1', 'libnvidia-pkcs11-openssl3', 'libnvidia-ptxjitcompiler1',
          'nvidia-alternative', 'nvidia-kernel-dkms', 'nvidia-kernel-support', 'nvidia-smi')
@@ -130,6 +131,14 @@ def test_a_bookworm_node_moves_to_debians_security_update_and_back_refused_first
             .format(running))
     back = node_run(debian, 'pve2', 'apt-get', 'install', '-y', 'linux-headers-' + running, 'linux-headers-amd64')
     assert back.returncode == 0, back.stdout
+    # a PVE kernel installed without its headers (PVE ships them apart, in proxmox-headers-<release>): the node boots
+    # it next, and DKMS would have nothing to build the new module against for it
+    manager.install_kernel(lab, 'pve2', NEXT_PVE, module=None, headers=False)
+    try:
+        refused('535.309.01', 'kernel {0} has no headers to build the module against: apt install '
+                              'proxmox-headers-{0}'.format(NEXT_PVE))
+    finally:
+        manager.remove_kernel(lab, 'pve2', NEXT_PVE)
     # dpkg not finished: a package unpacked, not configured (dpkg --audit names it)
     half = node_run(debian, 'pve2', 'dpkg', '--unpack', '/' + debnode.REPO + '/nvidia-smi_{0}_amd64.deb'.format(BOOKWORM))
     assert half.returncode == 0, half.stdout

@@ -201,6 +201,13 @@ def test_nvidias_installer_on_one_node_and_a_container_that_fails_its_verificati
     manager.install_kernel(lab, 'pve2', NEXT_KERNEL, module='built')
     broken = ssh(creds, 'pve2', "pct exec 222 -- sh -c 'rm /root/venv/lib/python3*/site-packages/torch/version.py'")
     assert broken.returncode == 0, broken.stderr
+    # NVIDIA's installer cannot unload a module that a running GPU container holds: run by hand, it aborts and
+    # changes nothing (the upgrade stops the node's GPU containers, and nvidia-persistenced, before it runs)
+    runfile = os.path.join(pve2.node_files, 'root', 'NVIDIA-Linux-x86_64-{0}.run'.format(NEWER))
+    held = ssh(creds, 'pve2', 'sh {0} --silent --dkms'.format(runfile))
+    assert held.returncode == 1 and "An NVIDIA kernel module 'nvidia' appears to be already loaded" in held.stderr
+    assert '(lab: held by CT 222' in held.stderr, held.stderr
+    assert host.installed_version(pve2) == OLD['pve2'] and loaded(cluster, 'pve2') == OLD['pve2']
     rolled = upgrade(tmp_path, NEWER, '-e', 'gpu_node_driver_install=run', '--limit', 'pve2')
     assert rolled.rc != 0
     (installer,) = ran(rolled, 'pve2',

@@ -288,12 +288,19 @@ def swap_gpus(lab=None, name=None, a=0, b=1, say=print):
     return reboot_node(lab, name, say=say)
 
 
-def install_kernel(lab=None, name=None, release='6.17.2-1-pve', module='built', version=None, pin=None):
+def install_kernel(lab=None, name=None, release='6.17.2-1-pve', module='built', version=None, pin=None,
+                   headers=True):
     """A kernel installed on a node beside the one it runs, as an upgrade installs it, with the NVIDIA module of
     version (the node's driver by default) 'built' for it by DKMS, 'failed' (its make.log) or None (not built); pin:
-    'pin' or 'next-boot' to pin release as proxmox-boot-tool kernel pin [--next-boot] does (/etc/kernel/...)."""
-    host.add_kernel(_node(lab or Lab(), name), release, module, version, pin)
+    'pin' or 'next-boot' to pin release as proxmox-boot-tool kernel pin [--next-boot] does (/etc/kernel/...);
+    headers: False for a PVE kernel installed without its proxmox-headers package (PVE's default)."""
+    host.add_kernel(_node(lab or Lab(), name), release, module, version, pin, headers)
     return release
+
+
+def remove_kernel(lab=None, name=None, release='6.17.2-1-pve'):
+    """A kernel that install_kernel installed, gone again (the node's other kernels and packages untouched)."""
+    host.remove_kernel(_node(lab or Lab(), name), release)
 
 
 def restore_kernel(lab=None, name=None):

@@ -4,12 +4,14 @@
     apt-cache madison PKG ...
     apt-mark hold|unhold|showhold [PKG ...]
     dkms install nvidia/VERSION -k KERNEL | dkms status
-    nvidia-installer VERSION --silent [--dkms] [--kernel-name=KERNEL]   (NVIDIA-Linux-x86_64-VERSION.run)
+    nvidia-installer VERSION --silent [--dkms] [--kernel-name=KERNEL] [--allow-installation-with-running-driver]
+        (NVIDIA-Linux-x86_64-VERSION.run)
     reboot
 
 Each answers as Debian's and DKMS's do where the collection reads the answer: apt-get refuses held packages without
 --allow-change-held-packages, a version the node's sources do not offer, a downgrade without --allow-downgrades,
-and fails where DKMS's build for the running kernel fails (dpkg's postinst); `reboot` reboots the lab node
+and fails where DKMS's build for the running kernel fails (dpkg's postinst); NVIDIA's installer refuses while
+something holds the loaded module; `reboot` reboots the lab node
 (manager.reboot_node). The node's sshd names the node (GPUFLEET_LAB_NODE), as for `pct`.
 """
 
@@ -133,12 +135,55 @@ def _dkms(lab, args):
     return 2
 
 
+def _module_users(lab):
+    """What holds the node's loaded NVIDIA module, so that it cannot be unloaded: its running containers with the
+    GPUs' device nodes (a CUDA program's open files, as far as the lab can tell) and nvidia-persistenced (its pid
+    file, /var/run/nvidia-persistenced/nvidia-persistenced.pid, naming a live process)."""
+    from .containers import Containers
+    found = []
+    ours = Containers(lab)
+    for name in sorted(os.listdir(lab.pve_conf_dir)) if os.path.isdir(lab.pve_conf_dir) else ():
+        vmid = name[:-len('.conf')]
+        if name.endswith('.conf') and vmid.isdigit() and '/dev/nvidia' in _text(lab.pve_conf(vmid)) \
+                and ours.state(int(vmid)) == 'running':
+            found.append('CT {0}'.format(vmid))
+    pid = _text(os.path.join(lab.node_files, 'run', 'nvidia-persistenced', 'nvidia-persistenced.pid')).strip()
+    if pid.isdigit() and os.path.exists('/proc/' + pid):
+        found.append('nvidia-persistenced (pid {0})'.format(pid))
+    return found
+
+
+def _text(path):
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return ''
+
+
 def _nvidia_installer(lab, args):
     """NVIDIA's installer: the driver of its version over the node's, the module built for the running kernel (or
-    --kernel-name) with DKMS (--dkms) or into kernel/drivers/video; the loaded module stays until a reboot."""
+    --kernel-name) with DKMS (--dkms) or into kernel/drivers/video; the loaded module stays until a reboot.
+
+    Like NVIDIA's (nvidia-installer kernel.c, check_for_unloaded_kernel_module, as of 590.48.01), it first unloads
+    the loaded NVIDIA modules; one that something holds (a CUDA program, nvidia-persistenced) stays loaded, and a
+    silent install then aborts (the question's default is to abort) unless --allow-installation-with-running-driver
+    (option_table.h: an installer of 545 or newer knows it; an older one refuses an option it does not know)."""
     version, options = args[0], args[1:]
     if not {'-s', '--silent'} & set(options):
         print('ERROR: the lab\'s installer runs only with --silent', file=sys.stderr)
+        return 1
+    allowed = '--allow-installation-with-running-driver' in options
+    if allowed and host.version_key(version) < host.version_key('545.23.06'):
+        print('ERROR: Unrecognized option: "--allow-installation-with-running-driver"', file=sys.stderr)
+        return 1
+    users = _module_users(lab) if host.loaded_version(lab) else []
+    if users and not allowed:
+        print("WARNING: An NVIDIA kernel module 'nvidia' appears to be already loaded in your kernel.  This may be "
+              'because it is in use (for example, by an X server, a CUDA program, or the NVIDIA Persistence Daemon), '
+              'but this may also happen if your kernel was configured without support for module unloading.  '
+              '(lab: held by {0})\nERROR: Installation has failed.  Please see the file '
+              "'/var/log/nvidia-installer.log' for details.".format(', '.join(users)), file=sys.stderr)
         return 1
     named = [o.split('=', 1)[1] for o in options if o.startswith('--kernel-name=')]
     release = named[0] if named else host.running_kernel(lab)

@@ -16,7 +16,7 @@ from .base import (  # noqa: F401
 from .gpus import (  # noqa: F401
     DRIVER_PACKAGES, KERNEL, add_kernel, dkms_build, dkms_built, ensure_boot_id, ensure_gpus, ensure_kernel,
     free_dynamic_major, gpu_record_key, hold_driver, install_driver, installed_version, loaded_version,
-    lose_gpu_nodes, offer_driver, offers, read_dpkg, real_nvidia, remove_gpus, reset_kernel, running_kernel,
+    lose_gpu_nodes, offer_driver, offers, read_dpkg, real_nvidia, remove_gpus, remove_kernel, reset_kernel, running_kernel,
     swap_cards, version_key, write_dpkg, write_userspace)
 from .network import ensure_network, ensure_sysctls, remove_network, remove_sysctls  # noqa: F401
 from .services import (  # noqa: F401

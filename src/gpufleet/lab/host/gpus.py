@@ -396,6 +396,17 @@ def add_kernel(lab, release, module='built', version=None, pin=None, headers=Tru
                'make[1]: *** [Makefile:1234: nvidia/nv.o] Error 1\n'.format(version, release).encode(), 0o644)
 
 
+def remove_kernel(lab, release):
+    """A kernel that add_kernel installed, gone again (its /boot/vmlinuz, its module tree and any pin to it)."""
+    root = lab.node_files
+    for path in (os.path.join(root, 'boot', 'vmlinuz-' + release),
+                 os.path.join(root, 'etc', 'kernel', 'next-boot-pin'), os.path.join(root, 'etc', 'kernel', 'proxmox-boot-pin')):
+        if os.path.exists(path) and (path.endswith(release) or _read(path).strip() == release):
+            os.unlink(path)
+    for tree in (os.path.join(root, 'lib', 'modules', release), os.path.join(root, 'usr', 'src', 'linux-headers-' + release)):
+        shutil.rmtree(tree, ignore_errors=True)
+
+
 def hold_driver(lab, held=True, version=None):
     """The driver's Debian packages in the node's dpkg status: held from upgrades (apt-mark hold) or not (on a
     Debian node by its own apt-mark)."""
