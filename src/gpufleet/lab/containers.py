@@ -180,6 +180,55 @@ class Containers:
         self.stop(vmid)
         shutil.rmtree(d)
 
+    # -- snapshots ------------------------------------------------------------
+    # A PVE storage that snapshots a container's volumes (lvmthin, zfspool, rbd, btrfs) keeps each volume's content
+    # as it was, and a rollback puts it back (pve-container src/PVE/LXC/Config.pm __snapshot_create_vol_snapshot and
+    # __snapshot_rollback_vol_rollback, through PVE::Storage::volume_snapshot and volume_snapshot_rollback). The
+    # lab's volumes are directories (the rootfs's upper layer, delta0, and each mpN volume's), so its snapshot is a
+    # copy of them, made whole (cp -a keeps owners, modes, xattrs and the overlay's whiteouts) and put back whole.
+    VOLUME_DIRS = ('delta0', 'volumes')
+
+    def _snapshot_dir(self, vmid, name):
+        return os.path.join(self.lab.ct_dir(vmid), 'snapshots', name)
+
+    def snapshot(self, vmid, name):
+        """Keep the content of the container's volumes as snapshot name."""
+        target = self._snapshot_dir(vmid, name)
+        shutil.rmtree(target, ignore_errors=True)
+        os.makedirs(target)
+        for sub in self.VOLUME_DIRS:
+            source = os.path.join(self.lab.ct_dir(vmid), sub)
+            if os.path.isdir(source):
+                run(['cp', '-a', '--reflink=auto', source, os.path.join(target, sub)])
+
+    def rollback(self, vmid, name):
+        """Put the content of snapshot name back in the (stopped) container's volumes; the snapshot stays."""
+        d = self.lab.ct_dir(vmid)
+        kept = self._snapshot_dir(vmid, name)
+        if not os.path.isdir(kept):
+            raise BackendError("snapshot '{0}' of CT {1} has no content in the lab".format(name, vmid))
+        self.stop(vmid)
+        for sub in self.VOLUME_DIRS + ('work',):
+            path = os.path.join(d, sub)
+            if os.path.isdir(path):
+                owner = os.stat(path)
+                shutil.rmtree(path)
+                if sub == 'work':  # the overlay's work directory, empty again as the overlay needs it
+                    os.mkdir(path, 0o755)
+                    os.chown(path, owner.st_uid, owner.st_gid)
+        for sub in self.VOLUME_DIRS:
+            source = os.path.join(kept, sub)
+            if os.path.isdir(source):
+                run(['cp', '-a', '--reflink=auto', source, os.path.join(d, sub)])
+
+    def delete_snapshot(self, vmid, name):
+        shutil.rmtree(self._snapshot_dir(vmid, name), ignore_errors=True)
+
+    def snapshots(self, vmid):
+        """The names of the snapshots whose content the lab keeps."""
+        path = os.path.join(self.lab.ct_dir(vmid), 'snapshots')
+        return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
     # -- live changes --------------------------------------------------------
     def applied(self, vmid):
         try:

@@ -47,6 +47,8 @@ TEMPLATE_FILE = re.compile(r'^[^/]+\.tar\.(gz|xz|zst|bz2)$')
 # Container tasks whose outcome the real container must follow.
 CT_TASKS = ('vzcreate', 'vzrestore', 'vzstart', 'vzstop', 'vzshutdown', 'vzreboot', 'vzdestroy',
             'vzsuspend', 'vzresume', 'vzmigrate')
+# Snapshot tasks, whose volumes' content the lab keeps and restores (LabPve._snapshot_task).
+SNAPSHOT_TASKS = ('vzsnapshot', 'vzrollback', 'vzdelsnapshot')
 
 
 def pve_version(text):
@@ -73,6 +75,7 @@ class LabPve(FakePve):
         self.node_versions = {}  # {node: version} where a node runs another version than the API's node
         self._migrating = {}  # {vmid: target} of the migrations asked for, until their task runs
         self._creating = {}  # {vmid: ostemplate} of the creates asked for, until their task runs
+        self._snapping = {}  # {vmid: snapname} of the snapshot tasks asked for (take, roll back, delete)
         self.status_lag = 0.0
         self._statd = {}  # {vmid: [(since, status)]}: what pvestatd would have seen, and from when
 
@@ -221,6 +224,9 @@ class LabPve(FakePve):
         return failed
 
     async def task(self, node, ttype, tid, user, body, vm=None, lock=True, log=()):
+        if ttype in SNAPSHOT_TASKS and str(tid).isdigit():
+            return await super().task(node, ttype, tid, user, self._snapshot_task(ttype, int(tid), body),
+                                      vm=vm, lock=lock, log=log)
         if ttype not in CT_TASKS or not str(tid).isdigit():
             return await super().task(node, ttype, tid, user, body, vm=vm, lock=lock, log=log)
         vmid = int(tid)
@@ -268,6 +274,78 @@ class LabPve(FakePve):
                 raise TaskError(str(e)) from None
             return note
         return await super().task(node, ttype, tid, user, real, vm=vm, lock=lock, log=log)
+
+    # -- snapshots: their content on disk, and PVE's refusals --------------------
+    async def _lxc_snapshot(self, user, v):
+        self._snapping[int(v['vmid'])] = v.get('snapname')
+        return await super()._lxc_snapshot(user, v)
+
+    async def _lxc_rollback(self, user, v):
+        self._snapping[int(v['vmid'])] = v.get('snapname')
+        return await super()._lxc_rollback(user, v)
+
+    async def _lxc_snapshot_delete(self, user, v):
+        self._snapping[int(v['vmid'])] = v.get('snapname')
+        return await super()._lxc_snapshot_delete(user, v)
+
+    @staticmethod
+    def snapshot_refusal(ct):
+        """Why PVE cannot snapshot this container, or None. pve-guest-common src/PVE/AbstractConfig.pm
+        snapshot_prepare dies "snapshot feature is not available" unless has_feature('snapshot'), and pve-container
+        src/PVE/LXC/Config.pm has_feature asks PVE::Storage::volume_has_feature of every volume in
+        foreach_volume's order (rootfs, mp0, mp1, ...); pve-storage src/PVE/Storage.pm volume_has_feature answers
+        undef for a path (a bind or device mount point). devN entries and raw lxc.* lines are not volumes. (The
+        storage types that cannot snapshot, fakepve refuses itself.)"""
+        for key in ['rootfs'] + sorted((k for k in ct.config if re.fullmatch(r'mp\d+', k)), key=lambda k: int(k[2:])):
+            volume = lxcconf.split_props(ct.config.get(key) or '', 'volume').get('volume', '')
+            if volume.startswith('/'):
+                return 'snapshot feature is not available'
+        return None
+
+    def _snapshot_task(self, ttype, vmid, body):
+        """The task of a snapshot, rollback or snapshot delete, made real on the container's volumes under the
+        container's lock (AbstractConfig.pm: the lock 'snapshot', 'rollback' or 'snapshot-delete' is held while
+        the volumes change)."""
+        name = self._snapping.pop(vmid, None)
+
+        async def real():
+            loop = asyncio.get_running_loop()
+            ct, source = self.ct(vmid), self.backend_of(vmid)
+            ready = ct is not None and not ct.lock and not ct.template
+            if ttype == 'vzsnapshot' and ready and name not in ct.snapshots:
+                why = self.snapshot_refusal(ct)
+                if why:
+                    raise TaskError(why)
+                await self._locked(ct, 'snapshot', loop.run_in_executor(None, source.snapshot, vmid, name))
+                try:
+                    return await body()
+                except Exception:
+                    await loop.run_in_executor(None, source.delete_snapshot, vmid, name)
+                    raise
+            if ttype == 'vzrollback' and ready and not (ct.snapshots.get(name) or {'snapstate': 'none'}).get(
+                    'snapstate'):
+                # PVE stops the container first (LXC/Config.pm __snapshot_rollback_vm_stop), then rolls each volume
+                await self._locked(ct, 'rollback', loop.run_in_executor(None, source.rollback, vmid, name))
+                note = await body()
+                self.note_status()
+                await self._sync(vmid)  # the config of the snapshot, and started where the rollback asked for it
+                return note
+            note = await body()
+            if ttype == 'vzdelsnapshot':
+                await loop.run_in_executor(None, source.delete_snapshot, vmid, name)
+            return note
+        return real
+
+    async def _locked(self, ct, lock, work):
+        ct.lock = lock
+        self.save()
+        try:
+            await work
+        except BackendError as e:
+            raise TaskError(str(e)) from None
+        finally:
+            ct.lock = None
+            self.save()
 
     async def _lxc_migrate(self, user, v):
         self._migrating[int(v['vmid'])] = v.get('target')

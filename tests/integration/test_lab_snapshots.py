@@ -1,0 +1,74 @@
+"""The lab's snapshots as PVE's: a snapshot through the API keeps the container's volumes' content and a rollback puts
+it back (the container stopped first, started again where asked), each under the container's lock; the config's
+`parent` and the snapshot list follow; a snapshot is refused, as PVE refuses it, where a mount point is a host path
+(a bind or device mpN), and taken where the same path comes in as a raw lxc.mount.entry line, which is no volume
+(pve-container LXC/Config.pm has_feature, pve-storage Storage.pm volume_has_feature)."""
+
+import os
+
+import pytest
+from gpufleet.lab.containers import Containers
+
+pytestmark = pytest.mark.lab
+
+
+def task(pve, upid):
+    """(exitstatus, log lines) of a task once it stopped."""
+    st, log = pve.wait(upid)
+    return st['exitstatus'], log
+
+
+def read(node_ssh, vmid, path):
+    r = node_ssh('pct exec {0} -- cat {1}'.format(vmid, path))
+    return r.stdout if r.returncode == 0 else None
+
+
+def test_a_snapshot_keeps_the_rootfs_and_a_rollback_puts_it_back(lab, pve, node_ssh):
+    pve.create(951, hostname='snappy', unprivileged=1, rootfs='local-lvm:8', mp0='local-lvm:1,mp=/data')
+    pve.start(951)
+    assert node_ssh("pct exec 951 -- sh -c 'echo before > /root/kept; echo v1 > /data/d; rm /etc/debian_version'"
+                    ).returncode == 0
+    pve.ok(pve.ct(951).snapshot.post(snapname='first', description='before the change'))
+    listed = dict((s['name'], s) for s in pve.ct(951).snapshot.get())
+    assert listed['first']['description'] == 'before the change' and listed['current']['parent'] == 'first'
+    assert pve.ct(951).config.get()['parent'] == 'first'
+    assert 'first' in Containers(lab).snapshots(951)
+    # the change: a file rewritten, one made, one of the base removed, the mount point's content changed
+    assert node_ssh("pct exec 951 -- sh -c 'echo after > /root/kept; echo new > /root/new; rm /etc/os-release; "
+                    "echo v2 > /data/d'").returncode == 0
+    assert pve.status(951) == 'running'
+    pve.ok(pve.ct(951).snapshot('first').rollback.post(start=1))
+    assert pve.status(951) == 'running'
+    assert read(node_ssh, 951, '/root/kept') == 'before\n'
+    assert read(node_ssh, 951, '/root/new') is None
+    assert read(node_ssh, 951, '/etc/debian_version') is None  # removed before the snapshot: still removed
+    assert read(node_ssh, 951, '/etc/os-release') is not None  # removed after it: back
+    assert read(node_ssh, 951, '/data/d') == 'v1\n'
+    # without start, a rollback leaves the container stopped (PVE stops it first)
+    pve.ok(pve.ct(951).snapshot('first').rollback.post())
+    assert pve.status(951) == 'stopped'
+    pve.ok(pve.ct(951).snapshot('first').delete())
+    assert [s['name'] for s in pve.ct(951).snapshot.get()] == ['current']
+    assert Containers(lab).snapshots(951) == []
+    pve.ok(pve.ct(951).snapshot.post(snapname='first'))  # the name is free again
+    status, log = task(pve, pve.ct(951).snapshot.post(snapname='first'))
+    assert status != 'OK' and "snapshot name 'first' already used" in status + ' '.join(log)
+
+
+def test_a_host_path_mount_point_blocks_snapshots_and_a_raw_mount_entry_does_not(lab, pve, node_ssh):
+    share = os.path.join(lab.root, 'share-snap')
+    os.makedirs(share, exist_ok=True)
+    pve.create(952, hostname='bound', rootfs='local-lvm:8', mp0='{0},mp=/share'.format(share))
+    status, log = task(pve, pve.ct(952).snapshot.post(snapname='one'))
+    assert status == 'snapshot feature is not available', (status, log)
+    assert [s['name'] for s in pve.ct(952).snapshot.get()] == ['current']
+    assert Containers(lab).snapshots(952) == [] and not pve.ct(952).config.get().get('lock')
+    # the same directory bound by a raw line (written into the node's config, as PVE's API cannot)
+    pve.ct(952).config.put(delete='mp0')
+    conf = lab.pve_conf(952)
+    with open(conf, 'a') as fh:
+        fh.write('lxc.mount.entry: {0} share none bind,create=dir 0 0\n'.format(share))
+    pve.start(952)
+    assert read(node_ssh, 952, '/proc/mounts') and '/share' in read(node_ssh, 952, '/proc/mounts')
+    pve.ok(pve.ct(952).snapshot.post(snapname='one'))
+    assert [s['name'] for s in pve.ct(952).snapshot.get()] == ['one', 'current']
