@@ -855,6 +855,7 @@ def run(params, check_mode):
         for r in done:
             r.pop('diff', None)
         return dict(e.result(), failed=True, changed=any(r['changed'] for r in done), containers=done)
+    raw_told(results, params.get('raw_changed'))
     out = {} if left is None else {'orphans': left}
     out.update(changed=any(r['changed'] for r in results), containers=results, api_requests=client.requests,
                changed_keys=sorted(set(k for r in results for k in r['changed_keys'])),
@@ -871,6 +872,25 @@ def run(params, check_mode):
     else:
         out['diff'] = [d for d, r in zip(diffs, results) if r['changed']]
     return out
+
+
+def raw_told(results, raw_changed):
+    """Each result whose container's raw lines changed on its node in this run (raw_changed: {vmid: {before,
+    after}}, lxc_raw's lines) told so: changed, key lxc, its lines in the diff; raw lines take effect when LXC
+    starts the container, so one that runs on and was not (re)started here waits for a restart."""
+    by_vmid = dict((int(k), v) for k, v in (raw_changed or {}).items())
+    for res in results:
+        lines = by_vmid.get(res.get('vmid'))
+        if lines is None or res.get('status') == 'absent':
+            continue
+        res['changed'] = True
+        res['changed_keys'] = sorted(set(res.get('changed_keys') or []) | set(['lxc']))
+        diff = res.setdefault('diff', {'before_header': 'CT {0}'.format(res['vmid'])})
+        diff.setdefault('before', {})['lxc'] = list(lines.get('before') or [])
+        diff.setdefault('after', {})['lxc'] = list(lines.get('after') or [])
+        if res.get('status') == 'running' and res.get('power') not in ('start', 'reboot'):
+            res['pending'] = sorted(set(res.get('pending') or []) | set(['lxc']))
+            res['restart_required'] = True
 
 
 def container_specs(params):

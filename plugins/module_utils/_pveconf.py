@@ -5,7 +5,8 @@
 
 The PVE API shows these lines (as `lxc: [[key, value], ...]`) but cannot set them; they are edited in
 the file. Comment lines there are the container's description, so no marker comments are written:
-when raw lines are managed, the whole set of `lxc.*` lines of the main section is managed.
+when raw lines are managed, the whole set of `lxc.*` lines of the main section is managed, or only those
+the collection writes (ours).
 Standard library only: this runs on the node.
 """
 
@@ -68,21 +69,41 @@ def replace(text, entries):
     return '\n'.join(new) + '\n'
 
 
-def apply(path, entries, check_mode=False):
-    """(changed, before, after) for making the file's raw lines exactly entries."""
+def ours(targets=(), majors=()):
+    """A test of the raw lines the collection writes, which it manages while leaving the others alone: a bind of an
+    NVIDIA device node (raw passthrough), a bind at one of the fleet's mount targets (its driver bundle's, its
+    shares'; relative, as lxc.mount.entry names them) and a cgroup rule for a device of one of the NVIDIA majors."""
+    targets = set(t.strip('/') for t in targets)
+    majors = set(str(m) for m in majors)
+
+    def test(entry):
+        key, words = entry[0], entry[1].split()
+        if key == 'lxc.mount.entry' and words:
+            return words[0].startswith('/dev/nvidia') or (len(words) > 1 and words[1].strip('/') in targets)
+        if key.endswith('.devices.allow') and len(words) > 1:
+            return words[1].split(':')[0] in majors
+        return False
+    return test
+
+
+def apply(path, entries, check_mode=False, owned=None):
+    """(changed, before, after) for making the file's raw lines exactly entries, or with owned (a test of a line,
+    see ours) the lines it owns: the others stay as they are, entries follow them."""
     try:
         with open(path) as fh:
             text = fh.read()
     except (IOError, OSError):
         raise RawError('raw lxc lines live in {0}, which is not here: run this on a node of the cluster '
                        '(delegate_to the node), with pve_root pointing at its /etc/pve'.format(path))
-    before = read(text)
-    if before == list(entries):
+    found = read(text)
+    kept = [e for e in found if owned is not None and not owned(e)]
+    before = [e for e in found if e not in kept]
+    if found == kept + list(entries):
         return False, before, before
     if not check_mode:
         tmp = path + '.tmp.gpufleet'
         with open(tmp, 'w') as fh:
-            fh.write(replace(text, entries))
+            fh.write(replace(text, kept + list(entries)))
         os.rename(tmp, path)
     return True, before, list(entries)
 

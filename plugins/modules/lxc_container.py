@@ -164,6 +164,14 @@ options:
     type: list
     elements: int
     default: []
+  raw_changed:
+    description:
+      - The containers (by vmid) whose raw lines lxc_raw changed on their node in this run, with the lines
+        C(before) and C(after) (the RV(gpufleet.proxmox.lxc_raw#module:lines) of lxc_raw). Each is reported changed
+        (key C(lxc)), and a running one that is not restarted here waits for its restart (raw lines take effect at
+        start).
+    type: dict
+    default: {}
   containers:
     description:
       - Many containers in one call, each a dict of the container options above (O(vmid) required).
@@ -295,6 +303,7 @@ def argument_spec():
     spec['pve_root'] = dict(type='path', default=_lxc.DEFAULTS['pve_root'])
     spec['containers'] = dict(type='list', elements='dict')
     spec['restart'] = dict(type='list', elements='int', default=[])
+    spec['raw_changed'] = dict(type='dict', default={})
     spec['lock_timeout'] = dict(type='int', default=60)
     spec['orphan_tag'] = dict(type='str')
     spec['orphan_known'] = dict(type='list', elements='int', default=[])

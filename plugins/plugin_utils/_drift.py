@@ -47,6 +47,8 @@ def node(gpu_devices):
 
 def _named(key, config):
     """A config key as the operator knows it: a devN with its device's path."""
+    if key == 'lxc':
+        return 'its raw lines (lxc)'
     path = str((config or {}).get(key) or '').rsplit('path=', maxsplit=1)[-1].split(',')[0] if key.startswith('dev') else ''
     return '{0} ({1})'.format(key, path) if path else key
 
@@ -92,6 +94,13 @@ def containers(reconcile, fleet, check_mode=True):
                               'entry\'s {2} to keep it'.format(key, before[key], kind))
                 elif before.get(key) is None and key.startswith('dev'):
                     detail = '{0} is new'.format(_named(key, after))
+                elif key == 'lxc':
+                    # the binds of its node's driver bundle and shares, and raw GPU passthrough (fleet_plan's raw)
+                    gone = [line for line in before.get(key) or [] if line not in (after.get(key) or [])]
+                    new = [line for line in after.get(key) or [] if line not in (before.get(key) or [])]
+                    detail = 'its raw lines differ: {0}'.format('; '.join(
+                        ['{0} (not in the fleet)'.format(line) for line in gone] +
+                        ['{0} (missing)'.format(line) for line in new]))
                 else:
                     detail = 'config {0} differs'.format(key)
                 extra = {}

@@ -291,11 +291,15 @@ def raw_lines(devices, majors):
     return lines
 
 
-def share_mount(share):
-    """A node share ({path, mp, read_only}) as an mpN value, marked shared=1: gpu_node makes the same path on every
-    node, so PVE may migrate the container (pve-container src/PVE/LXC/Migrate.pm refuses a bind mount point without
-    it: "cannot migrate local bind mount point")."""
-    return '{0},mp={1}{2},shared=1'.format(share['path'], share['mp'], ',ro=1' if share.get('read_only') else '')
+def mount_line(share):
+    """A node path ({path, mp, read_only}: the driver bundle, a node share) bound into a container as a raw
+    lxc.mount.entry, not as an mpN. PVE snapshots (and backs up) a container only where every mount point is a
+    volume of a storage that can: pve-guest-common AbstractConfig.pm snapshot_prepare dies "snapshot feature is not
+    available" unless pve-container LXC/Config.pm has_feature passes, which asks PVE::Storage::volume_has_feature of
+    the rootfs and each mpN, and a host path has none (pve-storage Storage.pm). Raw lines are no volumes, and
+    LXC/Migrate.pm does not check them: the path must be on the target node too (gpu_node makes it on every node)."""
+    return 'lxc.mount.entry: {0} {1} none bind,{2}create=dir 0 0'.format(
+        share['path'], share['mp'].strip('/'), 'ro,' if share.get('read_only') else '')
 
 
 class FleetError(Exception):
@@ -340,10 +344,7 @@ class Fleet(object):
         self.gpus = dict((name, node.get('indexes')) for name, node in self.nodes.items())
         # the nodes this run reaches (all but those marked reached: False, of a run limited to some nodes)
         self.reached = set(name for name, node in self.nodes.items() if node.get('reached', True))
-        self.driver_mounts = dict(
-            (name, share_mount({'path': node['driver'], 'mp': driver_mount, 'read_only': True}))
-            for name, node in self.nodes.items()
-            if driver_mount and node.get('driver'))
+        self.driver_mount = driver_mount
         self.shares = dict((name, node.get('shares') or []) for name, node in self.nodes.items())
 
     @staticmethod
@@ -480,10 +481,19 @@ class Fleet(object):
         return gpu_nodes(entry, self.gpus.get(entry['node']), self.gpu_mode, self.gpu_gid, node.get('control'),
                          node.get('minors'))
 
+    def node_mounts(self, entry):
+        """[{path, mp, read_only}]: the node paths the fleet binds into the entry's container (see mount_line): its
+        node's driver bundle where it has GPUs, then the node's shares."""
+        node = self.node(entry)
+        out = []
+        if self.driver_mount and node.get('driver') and self.gpus_of(entry):
+            out.append({'path': node['driver'], 'mp': self.driver_mount, 'read_only': True})
+        return out + list(self.shares.get(entry['node']) or [])
+
     def spec(self, entry, mode):
-        """One lxc_container entry: the fleet entry's values over the role's defaults, its node's driver bundle and
-        shares mounted (both take the highest free mpN keys, in that order, so the user's own mounts keep theirs),
-        its GPUs' device nodes as devN (mode devn) or none (mode raw: they go in as raw lines)."""
+        """One lxc_container entry: the fleet entry's values over the role's defaults, its own mount points (all of
+        the container's mpN, where the fleet binds node paths into it too: those go in as raw lines, see raw), its
+        GPUs' device nodes as devN (mode devn) or none (mode raw: they go in as raw lines)."""
         spec = dict((k, v) for k, v in self.defaults.items() if v is not None)
         for key in ('vmid', 'hostname', 'node', 'cores', 'memory', 'swap', 'unprivileged', 'features', 'tags',
                     'description', 'onboot', 'storage', 'state', 'nameserver', 'searchdomain', 'restart_on_pending'):
@@ -506,14 +516,8 @@ class Fleet(object):
         elif isinstance(net, dict):
             spec['net'] = net
         mounts = dict(entry.get('mounts') or {})
-        extra = [share_mount(s) for s in self.shares.get(entry['node']) or []]
-        if self.driver_mounts.get(entry['node']) and self.gpus_of(entry):
-            extra.insert(0, self.driver_mounts[entry['node']])
-        for value in extra:
-            free = [n for n in range(256) if 'mp{0}'.format(n) not in mounts]
-            mounts['mp{0}'.format(free[-1])] = value
-        if mounts or entry.get('mounts') is not None:
-            spec['mounts'] = mounts
+        if mounts or entry.get('mounts') is not None or self.node_mounts(entry):
+            spec['mounts'] = mounts  # (an mpN an older release made for a node path goes: its raw line replaces it)
         devices = list(entry.get('devices') or [])
         spec['devices'] = devices if mode == 'raw' else self.device_nodes(entry) + devices
         return spec
@@ -524,16 +528,29 @@ class Fleet(object):
         return [dict(self.spec(entry, per_node(modes, entry['node'])), **self.override) for entry in self.planned()]
 
     def raw(self, modes='raw'):
-        """{node: {vmid: [raw lxc lines]}}: GPU passthrough without devN (PVE before 8.1), for the containers that
-        have GPUs on the nodes passed through raw (modes: one for every node, or {node: mode})."""
+        """{node: {vmid: [raw lxc lines]}} of every container planned to exist: the node paths bound into it
+        (node_mounts), and its GPUs' device nodes where its node is passed through raw (PVE before 8.1, without
+        devN; modes: one for every node, or {node: mode}). An empty list takes the collection's lines away."""
         out = {}
         for entry in self.planned():
-            if per_node(modes, entry['node']) != 'raw':
+            if entry.get('state') == 'absent':
                 continue
             node = self.node(entry)
-            devices = gpu_nodes(entry, self.gpus.get(entry['node']), minors=node.get('minors'))
-            if devices:
-                out.setdefault(entry['node'], {})[entry['vmid']] = raw_lines(devices, node.get('majors') or {})
+            lines = []
+            if per_node(modes, entry['node']) == 'raw':
+                devices = gpu_nodes(entry, self.gpus.get(entry['node']), minors=node.get('minors'))
+                lines = raw_lines(devices, node.get('majors') or {})
+            out.setdefault(entry['node'], {})[entry['vmid']] = lines + [mount_line(m) for m in self.node_mounts(entry)]
+        return out
+
+    def raw_owned(self):
+        """{node: {targets, majors}}: the raw lines of the collection on each planned node (_pveconf.ours), the
+        ones lxc_raw manages, leaving a container's others alone."""
+        out = {}
+        for name in sorted(set(e['node'] for e in self.planned())):
+            node = self.nodes.get(name) or {}
+            targets = ([self.driver_mount] if self.driver_mount else []) + [s['mp'] for s in self.shares.get(name) or []]
+            out[name] = {'targets': targets, 'majors': sorted(set(str(m) for m in (node.get('majors') or {}).values()))}
         return out
 
     def hosts(self):
@@ -560,19 +577,21 @@ class Fleet(object):
         return out
 
     def plan(self, pve=None, check_mode=False):
-        """{passthrough, passthrough_nodes, wanted, containers, raw, hosts}: passthrough is devn or raw where every
-        planned node has the same mode, else mixed; passthrough_nodes the mode of each node. Outside check mode, the
-        containers to keep on nodes passed through raw are reconciled present first, for their raw lines to be
-        written before they start; raw: {node: {vmid: lines}}; hosts: {vmid: inventory host} (see hosts())."""
+        """{passthrough, passthrough_nodes, wanted, containers, raw, raw_owned, hosts}: passthrough is devn or raw
+        where every planned node has the same mode, else mixed; passthrough_nodes the mode of each node. Outside
+        check mode, the containers that get raw lines are reconciled present first, for their raw lines to be
+        written before they start; raw: {node: {vmid: lines}} (see raw, raw_owned); hosts: {vmid: inventory host}
+        (see hosts())."""
         modes = self.modes(pve)
         wanted = self.expand(modes)
-        first = [dict(spec, state='present') if modes.get(spec['node']) == 'raw' and not check_mode and
-                 spec.get('state') != 'absent' else spec for spec in wanted]
+        raw = self.raw(modes)
+        first = [dict(spec, state='present') if (raw.get(spec['node']) or {}).get(spec['vmid']) and not check_mode
+                 and spec.get('state', 'started') == 'started' else spec for spec in wanted]
         kinds = set(modes.values())
         summary = kinds.pop() if len(kinds) == 1 else ('mixed' if kinds else (
             self.passthrough if self.passthrough != 'auto' else 'devn'))
         return {'passthrough': summary, 'passthrough_nodes': modes, 'wanted': wanted, 'containers': first,
-                'raw': self.raw(modes), 'hosts': self.hosts(), 'venv_pythons': self.venv_pythons(),
+                'raw': raw, 'raw_owned': self.raw_owned(), 'hosts': self.hosts(), 'venv_pythons': self.venv_pythons(),
                 'vmids': sorted(e['vmid'] for e in self.containers if isinstance(e, dict) and 'vmid' in e)}
 
     def venv_pythons(self):

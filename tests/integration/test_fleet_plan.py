@@ -37,12 +37,17 @@ def test_a_fleet_expands_into_plain_containers_by_the_clusters_version(play, con
     gpu, plain = res['containers']
     assert [d['path'] for d in gpu['devices']] == ['/dev/nvidia1', '/dev/nvidiactl', '/dev/nvidia-uvm',
                                                     '/dev/nvidia-uvm-tools', '/dev/nvidia-modeset']
-    # the driver bundle into GPU containers only, the node's shares into all, on the highest free mpN
-    assert gpu['mounts'] == {'mp255': '/opt/gpufleet/driver/580.95.05,mp=/opt/nvidia-driver,ro=1,shared=1',
-                             'mp254': '/var/cache/gpufleet/uv,mp=/var/cache/gpufleet/uv,shared=1'}
-    assert plain['mounts'] == {'mp255': '/var/cache/gpufleet/uv,mp=/var/cache/gpufleet/uv,shared=1'} and plain['devices'] == []
-    assert (gpu['ostemplate'], gpu['state']) == (TEMPLATE_VOLID, 'started') and res['raw'] == {}
-    assert res['wanted'] == res['containers']
+    # the driver bundle into GPU containers only, the node's shares into all, as raw binds (no mount point, so
+    # PVE can snapshot the containers); the containers' own mount points are the fleet's (none here)
+    assert gpu['mounts'] == {} and plain['mounts'] == {} and plain['devices'] == []
+    assert res['raw'] == {'pve1': {
+        '990': ['lxc.mount.entry: /opt/gpufleet/driver/580.95.05 opt/nvidia-driver none bind,ro,create=dir 0 0',
+                'lxc.mount.entry: /var/cache/gpufleet/uv var/cache/gpufleet/uv none bind,create=dir 0 0'],
+        '991': ['lxc.mount.entry: /var/cache/gpufleet/uv var/cache/gpufleet/uv none bind,create=dir 0 0']}}
+    assert res['raw_owned']['pve1']['targets'] == ['/opt/nvidia-driver', '/var/cache/gpufleet/uv']
+    # made, not started, until their raw lines are written (a check run only reads)
+    assert (gpu['ostemplate'], gpu['state']) == (TEMPLATE_VOLID, 'present')
+    assert res['wanted'][0]['state'] == 'started' 
     assert control.mutating_requests() == []
 
 
@@ -63,7 +68,8 @@ def test_raw_passthrough_starts_the_containers_after_their_lines(play, control):
         res = planned(play, [entry(990, gpus=[1]), entry(991, state='stopped')])
         assert not res.get('failed'), res.get('msg')
         assert res['passthrough'] == 'raw' and res['pve_version'] == '8.0.4'
-        assert [c['state'] for c in res['containers']] == ['present', 'present']
+        # the one to run is made, not started, until its lines are written; the one to stay stopped is made stopped
+        assert [c['state'] for c in res['containers']] == ['present', 'stopped']
         assert [c['state'] for c in res['wanted']] == ['started', 'stopped']
         assert res['containers'][0]['devices'] == []
         lines = res['raw']['pve1']['990']  # by vmid (a string key once the result is JSON)

@@ -4,12 +4,15 @@ it back (the container stopped first, started again where asked), each under the
 (a bind or device mpN), and taken where the same path comes in as a raw lxc.mount.entry line, which is no volume
 (pve-container LXC/Config.pm has_feature, pve-storage Storage.pm volume_has_feature)."""
 
+import json
 import os
 
 import pytest
 from gpufleet.lab.containers import Containers
 
 pytestmark = pytest.mark.lab
+
+LAB = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'inventories', 'lab')
 
 
 def task(pve, upid):
@@ -72,3 +75,39 @@ def test_a_host_path_mount_point_blocks_snapshots_and_a_raw_mount_entry_does_not
     assert read(node_ssh, 952, '/proc/mounts') and '/share' in read(node_ssh, 952, '/proc/mounts')
     pve.ok(pve.ct(952).snapshot.post(snapname='one'))
     assert [s['name'] for s in pve.ct(952).snapshot.get()] == ['one', 'current']
+
+
+def test_every_container_site_yml_makes_can_be_snapshotted_and_rolled_back(lab, creds, node_ssh, tmp_path):
+    """A GPU container (the node's driver bundle bound in) and a CPU one (the node's shares bound in), as site.yml
+    makes them: no host-path mount point, the binds raw lines; each is snapshotted through the API, changed, and
+    rolled back with its binds in place."""
+    from conftest import SITE, Pve, _api, run_playbook
+    from test_gpu_container_role import entry
+    pve = Pve(_api(creds, user='root@pam', password=creds['api_password']), creds['node'])
+    fleet = tmp_path / 'fleet.json'
+    fleet.write_text(json.dumps({'gpufleet_containers': [entry(953, 'snap-gpu', [0]), entry(954, 'snap-cpu', [])]}))
+    pve.made.extend([953, 954])
+    try:
+        made = run_playbook(open(SITE).read(), tmp_path, '-e', '@' + str(fleet), inventory=LAB)
+        assert made.rc == 0, made.failures() or made.stdout[-3000:]
+        shares = ('/var/cache/gpufleet/uv', '/opt/gpufleet/wheelhouse')  # the lab node's (gpu_node_shares)
+        for vmid, bound in ((953, ('/opt/nvidia-driver',) + shares), (954, shares)):
+            config = pve.ct(vmid).config.get()
+            assert not [k for k in config if k.startswith('mp')], config
+            targets = [line.split()[1] for key, line in config.get('lxc') or [] if key == 'lxc.mount.entry']
+            assert sorted(targets) == sorted(t.lstrip('/') for t in bound), config.get('lxc')
+            pve.ok(pve.ct(vmid).snapshot.post(snapname='before'))
+            assert node_ssh('pct exec {0} -- touch /root/after-snapshot'.format(vmid)).returncode == 0
+            pve.ok(pve.ct(vmid).snapshot('before').rollback.post(start=1))
+            assert read(node_ssh, vmid, '/root/after-snapshot') is None
+            mounts = read(node_ssh, vmid, '/proc/mounts')
+            assert all(' {0} '.format(t) in mounts for t in bound), mounts
+        assert 'libcuda.so.1' in node_ssh('pct exec 953 -- ls /opt/nvidia-driver/lib').stdout
+        # a second run has nothing to change: the lines are there, the containers run
+        again = run_playbook(open(SITE).read(), tmp_path, '-e', '@' + str(fleet), inventory=LAB)
+        assert again.rc == 0, again.failures() or again.stdout[-3000:]
+        raw = [t for t in again.tasks('pve1') if t['task'].endswith("Write the collection's raw lines into the "
+                                                                    "configs of this node's containers")]
+        assert raw and not raw[0].get('changed'), raw
+    finally:
+        pve.cleanup()

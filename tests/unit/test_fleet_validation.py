@@ -103,7 +103,8 @@ def test_each_node_is_checked_against_its_own_version():
                         defaults={'state': 'started'}).plan(versions)
     assert plan['passthrough'] == 'mixed' and plan['passthrough_nodes'] == {'gpu01': 'raw', 'util01': 'devn'}
     assert [c['state'] for c in plan['containers']] == ['present', 'started']  # raw lines first, on gpu01 only
-    assert list(plan['raw']) == ['gpu01'] and plan['wanted'][0]['devices'] == []
+    assert plan['raw'] == {'gpu01': {200: plan['raw']['gpu01'][200]}, 'util01': {201: []}}
+    assert plan['raw']['gpu01'][200] and plan['wanted'][0]['devices'] == []
     assert plan['wanted'][1]['devices'] == [{'path': '/dev/fuse'}]
 
 

@@ -71,16 +71,23 @@ def test_fleet_specs_and_raw_lines():
                         driver_mount='/opt/nvidia-driver').spec(fleet[0], 'devn')
     assert spec['rootfs'] == 'local-zfs:32' and spec['cores'] == 4 and spec['net'] == {'net0': 'name=eth0,bridge=vmbr0'}
     assert [d['path'] for d in spec['devices']] == ['/dev/nvidia2'] + list(_nvidia_devices.PASSTHROUGH_CONTROL)
-    assert spec['mounts'] == {'mp255': '/opt/gpufleet/driver/580.95.05,mp=/opt/nvidia-driver,ro=1,shared=1'}
+    # the driver bundle is no mount point (PVE could not snapshot the container): a raw bind line; the fleet owns
+    # the container's mount points, so one an older release made for it goes
+    assert spec['mounts'] == {}
+    bound = _fleet.Fleet(fleet, {'gpu01': node}, driver_mount='/opt/nvidia-driver')
+    assert bound.raw('devn') == {'gpu01': {200: [
+        'lxc.mount.entry: /opt/gpufleet/driver/580.95.05 opt/nvidia-driver none bind,ro,create=dir 0 0']}}
     shares = [{'path': '/var/cache/gpufleet/uv', 'mp': '/var/cache/gpufleet/uv'},
               {'path': '/srv/wh', 'mp': '/opt/gpufleet/wheelhouse', 'read_only': True}]
     mine = dict(fleet[0], gpus=[], mounts={'mp0': 'local-zfs:8,mp=/data', 'mp254': '/x,mp=/x'})
-    spec = _fleet.Fleet([mine], {'gpu01': dict(node, driver='/d', shares=shares)},
-                        driver_mount='/opt/nvidia-driver').spec(mine, 'devn')
-    # no GPUs, no driver mount; the shares take the highest free keys and the user's own keep theirs
-    assert spec['mounts'] == {'mp0': 'local-zfs:8,mp=/data', 'mp254': '/x,mp=/x',
-                              'mp255': '/var/cache/gpufleet/uv,mp=/var/cache/gpufleet/uv,shared=1',
-                              'mp253': '/srv/wh,mp=/opt/gpufleet/wheelhouse,ro=1,shared=1'}
+    shared = _fleet.Fleet([mine], {'gpu01': dict(node, driver='/d', shares=shares)}, driver_mount='/opt/nvidia-driver')
+    # no GPUs, no driver bundle; the shares are raw binds and the user's own mount points keep their keys
+    assert shared.spec(mine, 'devn')['mounts'] == {'mp0': 'local-zfs:8,mp=/data', 'mp254': '/x,mp=/x'}
+    assert shared.raw('devn')['gpu01'][200] == [
+        'lxc.mount.entry: /var/cache/gpufleet/uv var/cache/gpufleet/uv none bind,create=dir 0 0',
+        'lxc.mount.entry: /srv/wh opt/gpufleet/wheelhouse none bind,ro,create=dir 0 0']
+    assert shared.raw_owned() == {'gpu01': {'targets': ['/opt/nvidia-driver', '/var/cache/gpufleet/uv',
+                                                        '/opt/gpufleet/wheelhouse'], 'majors': ['509']}}
     dns = dict(fleet[0], nameserver='10.0.0.53 10.0.1.53', searchdomain='cluster.example')
     spec = _fleet.Fleet([dns], {'gpu01': node}).spec(dns, 'devn')
     assert (spec['nameserver'], spec['searchdomain']) == ('10.0.0.53 10.0.1.53', 'cluster.example')
@@ -96,7 +103,7 @@ def test_fleet_plan_checks_the_whole_fleet_then_expands_it_by_the_clusters_versi
     assert fleet.needs_version()
     plan = fleet.plan('9.0.3')
     assert plan['passthrough'] == 'devn' and [d['path'] for d in plan['wanted'][0]['devices']][0] == '/dev/nvidia1'
-    assert plan['containers'] == plan['wanted'] and plan['raw'] == {}
+    assert plan['containers'] == plan['wanted'] and plan['raw'] == {'gpu01': {200: []}}
     plan = fleet.plan('8.0.4')
     assert plan['passthrough'] == 'raw' and plan['wanted'][0]['devices'] == [] and plan['wanted'][0]['state'] == 'started'
     # raw lines go in before the container starts: it is reconciled present first (not in check mode)
@@ -165,6 +172,44 @@ def test_raw_lines_replace_only_the_main_sections_lxc_lines():
     assert new.endswith('[snap1]\nlxc.cgroup2.devices.allow: a\n')
     with pytest.raises(_pveconf.RawError, match=r'lxc_raw\[0\]'):
         _pveconf.normalize(['cores: 2'])
+
+
+def test_the_collections_raw_lines_are_managed_and_the_operators_left_alone(tmp_path):
+    conf = tmp_path / '200.conf'
+    conf.write_text('arch: amd64\nlxc.prlimit.memlock: unlimited\n'
+                    'lxc.mount.entry: /opt/gpufleet/driver/570.172.08 opt/nvidia-driver none bind,ro,create=dir 0 0\n'
+                    'lxc.mount.entry: /srv/data srv/data none bind 0 0\nlxc.cgroup2.devices.allow: c 195:3 rw\n'
+                    'lxc.cgroup2.devices.allow: c 10:200 rwm\n\n[before]\nlxc.mount.entry: /old opt/nvidia-driver\n')
+    owned = _pveconf.ours(['/opt/nvidia-driver'], ['195', '509'])
+    line = 'lxc.mount.entry: /opt/gpufleet/driver/580.95.05 opt/nvidia-driver none bind,ro,create=dir 0 0'
+    changed, before, after = _pveconf.apply(str(conf), _pveconf.normalize([line]), owned=owned)
+    # the bundle's old bind and a GPU's cgroup rule were the collection's; memlock, the /srv bind and /dev/net/tun's
+    # rule are the operator's, kept where they were; a snapshot's section is not touched
+    assert changed and [k + ': ' + v for k, v in before] == [
+        'lxc.mount.entry: /opt/gpufleet/driver/570.172.08 opt/nvidia-driver none bind,ro,create=dir 0 0',
+        'lxc.cgroup2.devices.allow: c 195:3 rw']
+    assert conf.read_text() == ('arch: amd64\nlxc.prlimit.memlock: unlimited\nlxc.mount.entry: /srv/data srv/data '
+                                'none bind 0 0\nlxc.cgroup2.devices.allow: c 10:200 rwm\n' + line + '\n\n'
+                                '[before]\nlxc.mount.entry: /old opt/nvidia-driver\n')
+    assert _pveconf.apply(str(conf), _pveconf.normalize([line]), owned=owned)[0] is False
+    assert _pveconf.apply(str(conf), [], owned=owned)[0] is True and line not in conf.read_text()
+    assert 'lxc.prlimit.memlock: unlimited' in conf.read_text()
+
+
+def test_a_containers_changed_raw_lines_are_told_and_wait_for_its_restart():
+    results = [{'vmid': 200, 'status': 'running', 'changed': False, 'changed_keys': [], 'pending': [],
+                'restart_required': False, 'diff': {'before': {}, 'after': {}}},
+               {'vmid': 201, 'status': 'running', 'power': 'reboot', 'changed': True, 'changed_keys': [],
+                'pending': [], 'restart_required': False, 'diff': {'before': {}, 'after': {}}},
+               {'vmid': 202, 'status': 'running', 'changed': False, 'changed_keys': [], 'pending': [],
+                'restart_required': False, 'diff': {'before': {}, 'after': {}}}]
+    lines = {'before': ['lxc.mount.entry: /a x none bind 0 0'], 'after': []}
+    _lxc.raw_told(results, {'200': lines, 201: lines})
+    assert results[0]['changed'] and results[0]['changed_keys'] == ['lxc'] and results[0]['pending'] == ['lxc']
+    assert results[0]['restart_required'] and results[0]['diff']['before']['lxc'] == lines['before']
+    # restarted in this run: it has them
+    assert results[1]['changed_keys'] == ['lxc'] and not results[1]['restart_required']
+    assert not results[2]['changed'] and results[2]['changed_keys'] == []
 
 
 def test_pci_bus_ids_as_the_driver_writes_them():
