@@ -89,6 +89,11 @@ class ActionModule(ControllerAction):
                 looked = dict((node, dict((r.get('item'), r) for r in host_var(
                     hostvars, node, 'gpu_container_doctor_templates', {}).get('results') or [])) for node in nodes)
                 rows.extend(self.new_containers(args['plan'], args['changes'], client, looked))
+                try:
+                    storages = dict((st['storage'], st.get('type')) for st in client.get('storage'))
+                except _pve.PveError:
+                    storages = {}  # (a login without Datastore.Audit: the mount points are judged alone)
+                rows.extend(_doctor.snapshot_rows(args['plan'], storages))
             for node in nodes:
                 asked = host_var(hostvars, node, 'gpu_container_doctor_pythons', {})
                 rows.extend(_doctor.python_rows(node, asked.get('stdout') if asked.get('rc') == 0 else None,

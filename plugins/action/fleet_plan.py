@@ -95,7 +95,7 @@ class ActionModule(ControllerAction):
             # token login is a problem only where the cluster has devN: that waits for its version)
             check_mode = bool(self._task.check_mode)
             root = fleet.root_login(api, check_mode)
-            fleet.check(is_root_password=root or fleet.passthrough == 'auto')
+            fleet.check(is_root_password=root or fleet.passthrough == 'auto', root=root)
             _lxc.validate(_lxc.container_specs({'containers': fleet.expand('devn')}))
             versions = {}
             if fleet.needs_version():
@@ -103,7 +103,7 @@ class ActionModule(ControllerAction):
                 client = _pve.PveClient(connection(api), read_only=check_mode)
                 fleet.check_cluster(client.nodes())
                 versions = dict((node, client.node_version(node).get('version')) for node in fleet.version_nodes())
-                fleet.check(versions, root)
+                fleet.check(versions, root, root=root)
             plan = fleet.plan(versions, bool(self._task.check_mode))
         except (_fleet.FleetError, _lxc.SpecError) as e:
             raise AnsibleActionFail(str(e))

@@ -7,6 +7,7 @@ tasks'. A row that is not ok stops a first run; its fix says what to do."""
 
 import re
 
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _snapshot
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _container_python, _drift, _profile
 
 GIB = 1024 ** 3
@@ -137,6 +138,26 @@ def storage_rows(node, wanted, status):
         else:
             out.append(row(node, 'storage', True, '{0}: {1:.1f} GiB free for {2:.0f} GiB of new root disks'.format(
                 sid, avail, wanted[sid])))
+    return out
+
+
+def snapshot_rows(plan, storages):
+    """Whether PVE can snapshot each container of the plan, a row a node (storages: {id: type} from the API). A
+    container it cannot snapshot is said, with why and how to change that; a first run still makes it (the row is
+    not a failure)."""
+    found = {}
+    for spec in plan.get('wanted') or []:
+        if spec.get('state') == 'absent':
+            continue
+        config = dict(spec.get('mounts') or {}, rootfs=spec.get('rootfs') or '')
+        found.setdefault(spec['node'], []).append((spec['vmid'], spec.get('hostname'), _snapshot.refusal(config,
+                                                                                                         storages)))
+    out = []
+    for node in sorted(found):
+        no = ['CT {0} ({1}): {2}'.format(v, h, why) for v, h, why in found[node] if why]
+        out.append(row(node, 'snapshots', True, (
+            'PVE cannot snapshot {0}'.format('; '.join(no)) if no else
+            'PVE can snapshot each of its {0} container(s)'.format(len(found[node])))))
     return out
 
 

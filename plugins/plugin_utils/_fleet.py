@@ -11,7 +11,7 @@ A fleet entry (see roles/gpu_container/meta/argument_specs.yml):
 
 import re
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_devices, _pvecheck
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_devices, _pvecheck, _snapshot
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._pve import pve_version, use_token
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _profile
 
@@ -356,19 +356,47 @@ class Fleet(object):
             return True
         return (api.get('api_user') or 'root@pam') == 'root@pam' and not use_token(api)
 
-    def check(self, pve=None, is_root_password=True):
-        """Raise FleetError naming every problem of the definition (pve: the cluster's version where known)."""
+    def check(self, pve=None, is_root_password=True, root=None):
+        """Raise FleetError naming every problem of the definition (pve: the cluster's version where known;
+        is_root_password: whether devN may be set, as far as known; root: whether this run logs in as root@pam with
+        its password, where known)."""
         # the fleet-wide values by the checks an entry's own gpu_mode and gpu_gid get
         problems = ['{0}: {1}'.format(key, check(key, value)) for key, check, value in (
             ('gpu_mode', _gpu_mode, self.gpu_mode), ('gpu_gid', _gpu_gid, self.gpu_gid), ('tag', _tag, self.tag))
             if check(key, value)]
+        problems += self.unparsed_versions(pve)
         problems += errors(self.containers, self.gpus, pve, is_root_password, self.gpu_sharing, self.passthrough)
+        problems += self.host_paths() if root is False else []
         problems += self.unlocked()
         problems += self.below_floor() if self.driver_floor else []
         problems += self.held_elsewhere()
         problems += self.unconfirmed()
         if problems:
             raise FleetError(problems)
+
+    def host_paths(self):
+        """Each mount point of an entry that is a host path, for a run whose login is not root@pam's password: PVE
+        refuses it at the change (pve-container src/PVE/LXC.pm check_ct_modify_config_perm: "mount point type bind
+        is only allowed for root@pam"), so it is refused here, before anything changes."""
+        out = []
+        for i, e in enumerate(self.containers if isinstance(self.containers, list) else []):
+            mounts = e.get('mounts') if isinstance(e, dict) and isinstance(e.get('mounts'), dict) else {}
+            for key in sorted(k for k, v in mounts.items() if str(v).split(',', maxsplit=1)[0].startswith('/')):
+                out.append('containers[{0}] (vmid {1}).mounts: {2} is a host path, which only root@pam with its '
+                           'password may set (PVE: "mount point type bind is only allowed for root@pam"), and this '
+                           'run logs in with a token: give gpufleet_api_password, or bind the path by a raw '
+                           'lxc.mount.entry line'.format(i, e.get('vmid'), key))
+        return out
+
+    @staticmethod
+    def unparsed_versions(pve):
+        """Each node whose PVE version (pve: {node: version} or one for all) is not one: how GPUs go in, and what
+        PVE applies live, follow from it, so it is never guessed."""
+        found = (['node {0}'.format(n), v, 'nodes/{0}/version'.format(n)] for n, v in sorted(pve.items())) \
+            if isinstance(pve, dict) else ([['the cluster', pve, 'version']] if pve is not None else [])
+        return ['{0}: its PVE version {1!r} (GET /{2}) is not one this collection can read (it reads major.minor, '
+                'as 9.0.10)'.format(who, text, path) for who, text, path in found
+                if not re.match(r'^\d+\.\d+', str(text or ''))]
 
     def held_elsewhere(self):
         """Each GPU an entry is given that a container outside the fleet holds on the entry's node (an orphan, or one
@@ -543,6 +571,20 @@ class Fleet(object):
             out.setdefault(entry['node'], {})[entry['vmid']] = lines + [mount_line(m) for m in self.node_mounts(entry)]
         return out
 
+    def snapshots(self, wanted, storages=None):
+        """{vmid: why PVE cannot snapshot the container, or None} for the containers of wanted (lxc_container
+        specs): a mount point of the entry's own that is a host path, or a volume on a storage that cannot snapshot
+        (storages: {id: type}, where known). The collection's own binds are raw lines, which never stop it."""
+        out = {}
+        for spec in wanted:
+            if spec.get('state') == 'absent':
+                continue
+            config = dict(spec.get('mounts') or {})
+            if spec.get('rootfs'):
+                config['rootfs'] = spec['rootfs']
+            out[spec['vmid']] = _snapshot.refusal(config, storages)
+        return out
+
     def raw_owned(self):
         """{node: {targets, majors}}: the raw lines of the collection on each planned node (_pveconf.ours), the
         ones lxc_raw manages, leaving a container's others alone."""
@@ -591,7 +633,8 @@ class Fleet(object):
         summary = kinds.pop() if len(kinds) == 1 else ('mixed' if kinds else (
             self.passthrough if self.passthrough != 'auto' else 'devn'))
         return {'passthrough': summary, 'passthrough_nodes': modes, 'wanted': wanted, 'containers': first,
-                'raw': raw, 'raw_owned': self.raw_owned(), 'hosts': self.hosts(), 'venv_pythons': self.venv_pythons(),
+                'raw': raw, 'raw_owned': self.raw_owned(), 'snapshots': self.snapshots(wanted),
+                'hosts': self.hosts(), 'venv_pythons': self.venv_pythons(),
                 'vmids': sorted(e['vmid'] for e in self.containers if isinstance(e, dict) and 'vmid' in e)}
 
     def venv_pythons(self):

@@ -59,8 +59,20 @@ def test_a_lab_ready_for_its_fleet_says_so_and_nothing_changes(tmp_path, pve):
         'local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst holds /usr/bin/python3'
     assert got[('pve1', 'storage')]['detail'].startswith('local-lvm: ') and '32 GiB of new root disks' in \
         got[('pve1', 'storage')]['detail']
+    assert got[('pve1', 'snapshots')]['detail'] == 'PVE can snapshot each of its 1 container(s)'
     assert out['verdict'].startswith('ready: ')
     assert VMID not in [c['vmid'] for c in pve.api.cluster.resources.get(type='vm')]  # the doctor made nothing
+
+
+def test_a_container_pve_cannot_snapshot_is_said_and_does_not_stop_a_first_run(tmp_path, lab):
+    share = os.path.join(lab.root, 'share-doc')
+    os.makedirs(share, exist_ok=True)
+    out = doctor(tmp_path, [entry(VMID, 'doc-a', [0], mounts={'mp0': '{0},mp=/data'.format(share)})])
+    assert (out['exit_code'], failing(out)) == (0, []), out['checks']
+    assert rows(out)[('pve1', 'snapshots')]['detail'] == (
+        'PVE cannot snapshot CT {0} (doc-a): its mount point mp0 ({1}) is a host path, which PVE cannot snapshot '
+        '("snapshot feature is not available"): bind the path by a raw lxc.mount.entry line instead, or remove '
+        'it'.format(VMID, share))
 
 
 def test_a_missing_template_no_room_no_driver_and_no_wheels_are_each_named_with_the_fix(tmp_path):

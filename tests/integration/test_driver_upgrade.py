@@ -95,6 +95,20 @@ def test_a_driver_upgrade_is_planned_refused_rolled_stopped_at_a_failing_node_an
     assert not [t for t in missing.tasks('pve1') + missing.tasks('pve2') if t.get('changed')]
     assert status(cluster, 'pve2', 222) == status(cluster, 'pve1', 221) == 'running'
     assert dict((n, host.read_dpkg(lab.on(n))) for n in ('pve1', 'pve2')) == packages
+    # a package of another source that apt would move with the driver (nvidia-modprobe, held by the operator):
+    # refused after apt's dry run, before anything stops, saying how to release it
+    pve1 = lab.on('pve1')
+    host.write_dpkg(pve1, dict(packages['pve1'], **{'nvidia-modprobe': (OLD['pve1'] + '-1', True)}))
+    manager.offer_driver(lab, 'pve1', NEW, moves={'nvidia-modprobe': NEW + '-1'})
+    held = upgrade(tmp_path, NEW, '--limit', 'pve1')
+    assert held.rc != 0
+    assert ('apt would move nvidia-modprobe, held on pve1 and not one of the driver\'s packages that the upgrade '
+            'moves: release it (apt-mark unhold nvidia-modprobe) or give gpu_node_driver_packages') in held.stdout, \
+        held.failures()
+    assert status(cluster, 'pve1', 221) == 'running' and loaded(cluster, 'pve1') == OLD['pve1']  # (never stopped)
+    assert host.read_dpkg(pve1)['nvidia-modprobe'] == (OLD['pve1'] + '-1', True)
+    host.write_dpkg(pve1, packages['pve1'])
+    manager.offer_driver(lab, 'pve1', NEW)
 
     # the check run names each node, its containers and every step, and changes nothing
     check = upgrade(tmp_path, NEW, '--check')

@@ -111,3 +111,78 @@ def test_every_container_site_yml_makes_can_be_snapshotted_and_rolled_back(lab, 
         assert raw and not raw[0].get('changed'), raw
     finally:
         pve.cleanup()
+
+
+def snap(play, *args, **options):
+    """One lxc_snapshot task's result (it runs with ignore_errors: check failed first)."""
+    return play([{'gpufleet.proxmox.lxc_snapshot': options, 'ignore_errors': True}], *args).task(0)
+
+
+def test_lxc_snapshot_takes_keeps_the_last_n_refuses_first_and_rolls_back(play, pve, node_ssh, lab):
+    pve.create(955, hostname='snaps', rootfs='local-lvm:8')
+    pve.start(955)
+    # the operator's own snapshot, which the collection never deletes
+    pve.ok(pve.ct(955).snapshot.post(snapname='mine'))
+    check = snap(play, '--check', vmid=955, keep=2)
+    assert not check.get('failed'), check.get('msg')
+    assert check['changed'] and check['name'].startswith('gpufleet-') and check['removed'] == []
+    assert [s['name'] for s in pve.ct(955).snapshot.get()] == ['mine', 'current']  # check mode took none
+    taken = []
+    for n in range(3):
+        res = snap(play, vmid=955, keep=2, name='gpufleet-20261207-00000{0}'.format(n), description='test')
+        assert not res.get('failed'), res.get('msg')
+        taken.append(res)
+        node_ssh('pct exec 955 -- sh -c "echo {0} > /root/step"'.format(n))
+    # the third took the first away: the last two of the collection's are kept, and the operator's
+    assert taken[2]['removed'] == ['gpufleet-20261207-000000']
+    assert sorted(s['name'] for s in pve.ct(955).snapshot.get()) == [
+        'current', 'gpufleet-20261207-000001', 'gpufleet-20261207-000002', 'mine']
+    # rolled back to the collection's newest (taken when /root/step said 1), started again
+    back = snap(play, vmid=955, state='rolled_back')
+    assert not back.get('failed') and back['name'] == 'gpufleet-20261207-000002', back
+    assert pve.status(955) == 'running' and read(node_ssh, 955, '/root/step') == '1\n'
+    # to a named one; and one it does not have is refused, naming those it has
+    assert not snap(play, vmid=955, state='rolled_back', name='gpufleet-20261207-000001').get('failed')
+    assert read(node_ssh, 955, '/root/step') == '0\n'
+    gone = snap(play, vmid=955, state='rolled_back', name='nope')
+    assert gone.get('failed') and 'CT 955 has no snapshot nope (it has: mine, gpufleet-' in gone['msg'], gone
+    # a host-path mount point: refused before PVE is asked, saying why and what to do
+    share = os.path.join(lab.root, 'share-snap')
+    os.makedirs(share, exist_ok=True)
+    pve.ct(955).config.put(mp0='{0},mp=/share'.format(share))
+    refused = snap(play, vmid=955)
+    assert refused.get('failed') and refused['msg'] == (
+        'CT 955 cannot be snapshotted: its mount point mp0 ({0}) is a host path, which PVE cannot snapshot ("snapshot '
+        'feature is not available"): bind the path by a raw lxc.mount.entry line instead, or remove it'.format(share))
+
+
+def test_gpufleet_rollback_rolls_a_fleet_container_back_and_verifies_the_fleet(lab, creds, node_ssh, tmp_path):
+    import subprocess
+    import sys
+    from conftest import ROOT, SITE, Pve, _api, run_playbook
+    from test_gpu_container_role import entry
+    pve = Pve(_api(creds, user='root@pam', password=creds['api_password']), creds['node'])
+    fleet = tmp_path / 'fleet.json'
+    fleet.write_text(json.dumps({'gpufleet_containers': [entry(956, 'roll-a', [0])]}))
+    pve.made.append(956)
+    try:
+        made = run_playbook(open(SITE).read(), tmp_path, '-e', '@' + str(fleet), inventory=LAB)
+        assert made.rc == 0, made.failures() or made.stdout[-3000:]
+        pve.ok(pve.ct(956).snapshot.post(snapname='gpufleet-20261207-010000'))
+        # the venv's torch broken after the snapshot: the rollback brings it back, and the fleet verifies
+        assert node_ssh("pct exec 956 -- sh -c 'rm /root/venv/lib/python3*/site-packages/torch/version.py'"
+                        ).returncode == 0
+        cli = [os.path.join(os.path.dirname(sys.executable), 'gpufleet'), 'rollback', '956', '-i', 'inventories/lab',
+               '-e', '@' + str(fleet), '--artifacts', str(tmp_path / 'home'), '--json']
+        done = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        result = json.loads(done.stdout)
+        assert done.returncode == 0 and result['exit_code'] == 0, (result['verdict'], done.stderr[-3000:])
+        assert result['verdict'].startswith('clean: verified 1 of 1')
+        assert node_ssh('pct exec 956 -- sh -c "ls /root/venv/lib/python3*/site-packages/torch/version.py"'
+                        ).returncode == 0
+        # none to roll back to: said, nothing changed
+        none = subprocess.run(cli[:2] + ['956', 'nope'] + cli[3:], cwd=ROOT, capture_output=True, text=True,
+                              timeout=900)
+        assert none.returncode == 1 and 'CT 956 has no snapshot nope' in none.stdout + none.stderr
+    finally:
+        pve.cleanup()

@@ -151,3 +151,27 @@ def test_a_gpu_name_the_node_lacks_or_one_card_twice_is_refused_before_anything_
         "containers[2] (vmid 202).gpus: must be a list of GPUs (each an index as nvidia-smi counts them, a UUID GPU-... "
         "or a PCI bus id such as 0000:3b:00.0) or 'all', got ['GPU-nope']",
     ]
+
+
+def test_a_node_version_that_cannot_be_read_is_named_not_guessed():
+    fleet = [{'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'gpus': [0]}]
+    with pytest.raises(_fleet.FleetError) as e:
+        _fleet.Fleet(fleet, {'gpu01': {'indexes': [0]}}).check({'gpu01': 'pve-manager/unknown'})
+    assert e.value.problems[0] == ("node gpu01: its PVE version 'pve-manager/unknown' (GET /nodes/gpu01/version) is "
+                                   'not one this collection can read (it reads major.minor, as 9.0.10)')
+    _fleet.Fleet(fleet, {'gpu01': {'indexes': [0]}}).check({'gpu01': '9.1.1'})
+
+
+def test_a_host_path_mount_point_is_refused_before_pve_refuses_a_token():
+    fleet = [{'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'gpus': [],
+              'mounts': {'mp0': '/srv/data,mp=/data', 'mp1': 'local-lvm:8,mp=/scratch'}}]
+    nodes = {'gpu01': {'indexes': [0]}}
+    with pytest.raises(_fleet.FleetError) as e:
+        _fleet.Fleet(fleet, nodes).check('9.1.1', root=False)
+    assert e.value.problems == [
+        'containers[0] (vmid 200).mounts: mp0 is a host path, which only root@pam with its password may set (PVE: '
+        '"mount point type bind is only allowed for root@pam"), and this run logs in with a token: give '
+        'gpufleet_api_password, or bind the path by a raw lxc.mount.entry line']
+    _fleet.Fleet(fleet, nodes).check('9.1.1', root=True)
+    plan = _fleet.Fleet(fleet, nodes).plan('9.1.1')
+    assert plan['snapshots'][200].startswith('its mount point mp0 (/srv/data) is a host path')

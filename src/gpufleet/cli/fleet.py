@@ -1,4 +1,5 @@
-"""`gpufleet up`, `gpufleet drift [--fix]`, `gpufleet verify`, `gpufleet doctor` and `gpufleet driver-upgrade`: the
+"""`gpufleet up`, `gpufleet drift [--fix]`, `gpufleet verify`, `gpufleet doctor`, `gpufleet driver-upgrade` and
+`gpufleet rollback`: the
 collection's playbooks run through ansible-runner, with live progress, a table per container at the end (or --json),
 and exit codes for cron:
 
@@ -27,7 +28,8 @@ from . import metrics, report, secrets, show
 CLEAN, ERROR, DRIFT, ORPHANS, UNREACHABLE = 0, 1, 2, 3, 4
 CONTAINERS_GROUP = 'gpufleet_containers'  # the gpu_container role's gpu_container_group
 PLAYBOOKS = {'up': 'gpufleet.proxmox.site', 'drift': 'gpufleet.proxmox.drift', 'verify': 'gpufleet.proxmox.verify',
-             'doctor': 'gpufleet.proxmox.doctor', 'driver-upgrade': 'gpufleet.proxmox.driver_upgrade'}
+             'doctor': 'gpufleet.proxmox.doctor', 'driver-upgrade': 'gpufleet.proxmox.driver_upgrade',
+             'rollback': 'gpufleet.proxmox.rollback'}
 RESULT = 'result.json'  # a run's result in its artifacts
 KEEP_RUNS = 20
 
@@ -325,6 +327,9 @@ def execute(args, command=None):
     if command == 'driver-upgrade':
         cmdline += (['-e', 'gpu_node_driver_version=' + args.version] if args.version else []) + (
             ['--check'] if args.check else [])
+    if command == 'rollback':
+        cmdline += ['-e', 'gpufleet_rollback_vmid={0}'.format(args.vmid)] + (
+            ['-e', 'gpufleet_rollback_snapshot=' + args.snapshot] if args.snapshot else [])
     progress = show.Progress(scrubber.text, verbose=args.verbose, quiet=args.json)
     with progress:
         r = ansible_runner.run(
@@ -401,12 +406,14 @@ def add_parsers(sub):
                                'time: each node\'s GPU containers stopped, the driver installed and built for its '
                                'kernels, the node rebooted, its containers started and verified; --check says what '
                                'it would do',
+             'rollback': "roll one container back to one of its PVE snapshots (the collection's newest, "
+                         'gpufleet-<date>-<time>, unless SNAPSHOT is named), start it, and verify the fleet',
              'report': 'the fleet as one HTML page (--html FILE): each node\'s GPUs and who holds them, each '
                        'container\'s versions, verdict and drift; from the last run, or from a drift check now (-i); '
                        'without --html, the run\'s table and each node\'s GPUs with their holders or free (--json: '
                        'as JSON)'}
     codes = __doc__.split('\n\n')[1]
-    for name in ('up', 'drift', 'verify', 'doctor', 'driver-upgrade', 'report'):
+    for name in ('up', 'drift', 'verify', 'doctor', 'driver-upgrade', 'rollback', 'report'):
         # only drift runs write a drift report: up and verify never exit 2
         own = codes if name == 'drift' else drop_codes(codes, ('2', '3'))
         if name == 'doctor':
@@ -425,6 +432,10 @@ def add_parsers(sub):
             (scope if dest in ('limit', 'node') else p).add_argument(*flags, dest=dest, **kw)
         if name == 'drift':
             p.add_argument('--fix', action='store_true', help='repair the drift (a plain drift.yml run)')
+        if name == 'rollback':
+            p.add_argument('vmid', type=int, metavar='CT', help='the container (its vmid)')
+            p.add_argument('snapshot', nargs='?', metavar='SNAPSHOT', help="the snapshot (default: the collection's "
+                           'newest)')
         if name == 'driver-upgrade':
             p.add_argument('--version', help='the NVIDIA driver version (default: the inventory\'s '
                            'gpu_node_driver_version)')

@@ -314,11 +314,11 @@ def restore_kernel(lab=None, name=None):
         host.write_userspace(node)
 
 
-def offer_driver(lab=None, name=None, version='580.105.08', fails_on=()):
+def offer_driver(lab=None, name=None, version='580.105.08', fails_on=(), moves=None):
     """A node's package sources offer the NVIDIA driver of version (Debian's packages, version-1), whose module
-    does not build for the kernels in fails_on: `apt-get install` on the node installs it beside the loaded one,
-    and the node's next boot loads it."""
-    host.offer_driver(_node(lab or Lab(), name), version, fails_on)
+    does not build for the kernels in fails_on, and with which apt moves the node's packages in moves ({package:
+    version}): `apt-get install` on the node installs it beside the loaded one, and the node's next boot loads it."""
+    host.offer_driver(_node(lab or Lab(), name), version, fails_on, moves)
     return version
 
 

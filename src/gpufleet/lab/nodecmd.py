@@ -64,12 +64,18 @@ def _apt_get(lab, args):
     if host.version_key(version) < host.version_key(host.installed_version(lab)) and '--allow-downgrades' not in flags:
         print('E: Packages were downgraded and -y was used without --allow-downgrades.', file=sys.stderr)
         return 100
+    # the node's other packages apt moves with the driver for the new packages' dependencies (offer_driver's moves)
+    moved = dict((n, v) for n, v in (offered.get(version) or {}).get('moves', {}).items() if n in packages)
+    if any(packages[n][1] for n in moved) and '--allow-change-held-packages' not in flags:
+        print('E: Held packages were changed and -y was used without --allow-change-held-packages.', file=sys.stderr)
+        return 100
     if flags & {'-s', '--simulate', '--dry-run'}:
-        for name in sorted(changed):
-            print('Inst {0} [{1}] ({2} lab:stable [amd64])'.format(name, packages[name][0], changed[name]))
+        for name in sorted(set(changed) | set(moved)):
+            print('Inst {0} [{1}] ({2} lab:stable [amd64])'.format(name, packages[name][0],
+                                                                  changed.get(name) or moved[name]))
         return 0
     errors = host.install_driver(lab, version)
-    host.write_dpkg(lab, dict((n, (wanted.get(n, v), held)) for n, (v, held) in packages.items()))
+    host.write_dpkg(lab, dict((n, (wanted.get(n, moved.get(n, v)), held)) for n, (v, held) in packages.items()))
     running = host.running_kernel(lab)
     for error in errors:
         print(error, file=sys.stderr)

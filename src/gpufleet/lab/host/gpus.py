@@ -461,15 +461,18 @@ def offers(lab):
         return {}
 
 
-def offer_driver(lab, version, fails_on=()):
+def offer_driver(lab, version, fails_on=(), moves=None):
     """The node's package sources offer the driver of version, and NVIDIA's installer of it lies in the node's
-    /root (NVIDIA-Linux-x86_64-<version>.run); its module does not build for the kernels in fails_on. A Debian node's
-    own repository offers a Debian version of its suite (debnode.offer_version; fails_on is the stand-in's)."""
+    /root (NVIDIA-Linux-x86_64-<version>.run); its module does not build for the kernels in fails_on; moves:
+    {package: version} of other packages of the node that apt moves with it to satisfy the new packages'
+    dependencies (NVIDIA's packaging builds nvidia-modprobe and nvidia-persistenced from sources of their own). A
+    Debian node's own repository offers a Debian version of its suite (debnode.offer_version; fails_on and moves are
+    the stand-in's)."""
     if lab.debian:
         debnode.offer_version(lab, version)
         return
     found = offers(lab)
-    found[version] = {'fails_on': list(fails_on)}
+    found[version] = {'fails_on': list(fails_on), 'moves': dict(moves or {})}
     _write(offers_file(lab), json.dumps(found, indent=1).encode(), 0o644)
     node_command(lab, os.path.join(lab.node_files, 'root', 'NVIDIA-Linux-x86_64-{0}.run'.format(version)),
                  'nvidia-installer', version)
