@@ -679,8 +679,8 @@ class Reconciler(object):
             res['diff']['before']['status'] = plan['res']['status']
             res['diff']['after']['status'] = 'stopped' if action == 'shutdown' else 'running'
             res['status'] = res['diff']['after']['status']
-        elif plan.get('create'):
-            res['status'] = 'stopped'
+        elif plan.get('create') or plan.get('was_running'):
+            res['status'] = 'stopped'  # made, or moved (the move stops it), and not started here
 
     def _plan_absent(self, plan):
         spec, res = plan['spec'], plan['res']
@@ -855,6 +855,7 @@ def run(params, check_mode):
         for r in done:
             r.pop('diff', None)
         return dict(e.result(), failed=True, changed=any(r['changed'] for r in done), containers=done)
+    merge_earlier(results, params.get('earlier'))
     raw_told(results, params.get('raw_changed'))
     out = {} if left is None else {'orphans': left}
     out.update(changed=any(r['changed'] for r in results), containers=results, api_requests=client.requests,
@@ -872,6 +873,36 @@ def run(params, check_mode):
     else:
         out['diff'] = [d for d, r in zip(diffs, results) if r['changed']]
     return out
+
+
+def merge_earlier(results, earlier):
+    """Each result with what an earlier call of this run did to the same container (earlier: that call's whole
+    result; a run that writes raw lines between the two calls: the first makes and moves, the second starts): its
+    changed keys, actions, creation and refused move, its config before (the earlier call's) and after (this one's),
+    and its changes still pending unless this call (re)started the container."""
+    if not earlier:
+        return
+    old = dict((r.get('vmid'), r) for r in earlier.get('containers') or [])
+    diffs = earlier.get('diff') or []
+    diffs = dict((d.get('before_header'), d) for d in ([diffs] if isinstance(diffs, dict) else diffs))
+    for res in results:
+        was = old.get(res.get('vmid'))
+        if not was:
+            continue
+        res['changed'] = bool(res.get('changed') or was.get('changed'))
+        res['changed_keys'] = sorted(set(res.get('changed_keys') or []) | set(was.get('changed_keys') or []))
+        res['actions'] = list(was.get('actions') or []) + list(res.get('actions') or [])
+        for key in ('created', 'move_refused'):
+            if was.get(key):
+                res[key] = was[key]
+        if res.get('power') not in ('start', 'reboot'):
+            res['pending'] = sorted(set(res.get('pending') or []) | set(was.get('pending') or []))
+            res['restart_required'] = bool(res['pending']) and res.get('status') == 'running'
+        first = diffs.get('CT {0}'.format(res['vmid']))
+        if first:
+            diff = res.setdefault('diff', {'before_header': 'CT {0}'.format(res['vmid'])})
+            diff['before'] = dict(diff.get('before') or {}, **(first.get('before') or {}))
+            diff['after'] = dict(first.get('after') or {}, **(diff.get('after') or {}))
 
 
 def raw_told(results, raw_changed):

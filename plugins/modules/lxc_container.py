@@ -164,6 +164,13 @@ options:
     type: list
     elements: int
     default: []
+  earlier:
+    description:
+      - The whole result of an earlier call of the same run (a run that writes raw lines between two calls, where
+        the first makes and moves the containers and the second starts them). Each container's result then says
+        what both calls did.
+    type: dict
+    default: {}
   raw_changed:
     description:
       - The containers (by vmid) whose raw lines lxc_raw changed on their node in this run, with the lines
@@ -304,6 +311,7 @@ def argument_spec():
     spec['containers'] = dict(type='list', elements='dict')
     spec['restart'] = dict(type='list', elements='int', default=[])
     spec['raw_changed'] = dict(type='dict', default={})
+    spec['earlier'] = dict(type='dict', default={})
     spec['lock_timeout'] = dict(type='int', default=60)
     spec['orphan_tag'] = dict(type='str')
     spec['orphan_known'] = dict(type='list', elements='int', default=[])

@@ -704,3 +704,24 @@ def test_a_nodes_batch_of_pct_exec_calls():
         raise OSError(2, 'No such file or directory')
     failed = _pct.run_calls({'calls': calls[:1]}, run=missing)
     assert failed['failed'] and failed['msg'].startswith('pct_batch: cannot run pct exec:')
+
+
+def test_a_second_call_of_a_run_tells_what_both_did():
+    earlier = {'containers': [{'vmid': 223, 'changed': True, 'changed_keys': ['node'], 'actions': ['shutdown', 'migrate'],
+                               'status': 'stopped', 'pending': [], 'restart_required': False},
+                              {'vmid': 224, 'changed': True, 'changed_keys': ['nameserver'], 'actions': ['config'],
+                               'status': 'running', 'pending': ['nameserver'], 'restart_required': True}],
+               'diff': [{'before_header': 'CT 223', 'before': {'node': 'pve1', 'status': 'running'},
+                         'after': {'node': 'pve3'}}]}
+    results = [{'vmid': 223, 'changed': True, 'changed_keys': [], 'actions': ['start'], 'power': 'start',
+                'status': 'running', 'pending': [], 'restart_required': False,
+                'diff': {'before_header': 'CT 223', 'before': {'status': 'stopped'}, 'after': {'status': 'running'}}},
+               {'vmid': 224, 'changed': False, 'changed_keys': [], 'actions': [], 'status': 'running', 'pending': [],
+                'restart_required': False, 'diff': {'before': {}, 'after': {}}}]
+    _lxc.merge_earlier(results, earlier)
+    moved, waiting = results
+    assert moved['changed_keys'] == ['node'] and moved['actions'] == ['shutdown', 'migrate', 'start']
+    assert moved['diff']['before'] == {'node': 'pve1', 'status': 'running'}
+    assert moved['diff']['after'] == {'node': 'pve3', 'status': 'running'}
+    # not restarted by the second call: its change still waits
+    assert waiting['changed'] and waiting['pending'] == ['nameserver'] and waiting['restart_required']

@@ -349,6 +349,9 @@ def execute(args, command=None):
         result = outcome(command, fix, r.status, r.rc, r.stats, summary,
                          read_json(os.path.join(reports, 'drift', 'summary.json')))
         result['node_info'] = (summary or {}).get('nodes') or {}
+        if command == 'rollback' and result['exit_code'] == ERROR and progress.failures and not summary:
+            # refused before the verification ran (no such container or snapshot): PVE's or the module's words
+            result['verdict'] = 'error: ' + '; '.join(sorted(set(progress.failures)))
     said = ''.join(r.stdout.readlines())
     why = known_cause(said, args, limit)
     if why:
