@@ -47,12 +47,22 @@ def _volume(value):
     return str(value or '').split(',', maxsplit=1)[0]
 
 
+def mount_keys(config):
+    """The mount points of a config (rootfs, then mpN in order), as PVE's foreach_volume walks them."""
+    return sorted((k for k in config or {} if MOUNT_KEY.match(k)), key=lambda k: -1 if k == 'rootfs' else int(k[2:]))
+
+
+def host_paths(config):
+    """The mount points of a config that are a host path (a bind or device mount point), in order."""
+    return [k for k in mount_keys(config) if _volume(config[k]).startswith('/')]
+
+
 def refusal(config, storages=None):
     """Why PVE cannot snapshot the container (its current config: GET .../config), or None: each mount point that
     is a host path (a bind or device mount point), then each volume on a storage that cannot snapshot (storages:
     {storage id: type}, GET /storage; a storage not listed is not judged)."""
-    keys = sorted((k for k in config or {} if MOUNT_KEY.match(k)), key=lambda k: -1 if k == 'rootfs' else int(k[2:]))
-    paths = ['{0} ({1})'.format(k, _volume(config[k])) for k in keys if _volume(config[k]).startswith('/')]
+    keys = mount_keys(config)
+    paths = ['{0} ({1})'.format(k, _volume(config[k])) for k in host_paths(config)]
     if paths:
         return ('its mount point{0} {1} {2} a host path, which PVE cannot snapshot ("snapshot feature is not '
                 'available"): bind the path by a raw lxc.mount.entry line instead, or remove it'.format(
@@ -64,6 +74,15 @@ def refusal(config, storages=None):
             return ('{0} is on storage {1} ({2}), which cannot snapshot a container\'s volume (lvmthin, zfspool, '
                     'rbd and btrfs can)'.format(key, storage, kind))
     return None
+
+
+def spec_refusal(spec, storages=None):
+    """refusal() of the container an lxc_container spec (a fleet plan's) makes: its own mount points and rootfs (the
+    collection's binds are raw lines, which never stop a snapshot)."""
+    config = dict(spec.get('mounts') or {})
+    if spec.get('rootfs'):
+        config['rootfs'] = spec['rootfs']
+    return refusal(config, storages)
 
 
 def newest(snapshots):

@@ -128,17 +128,12 @@ def main():
     changed, before, after, path, entries, lines = [], [], [], None, [], {}
     for vmid in sorted(wanted, key=int):
         path = _pveconf.conf_path(p['pve_root'], p['node'], vmid)
-        if module.check_mode and not os.path.exists(path) and os.path.isdir(os.path.dirname(path)):
-            # a container this run makes: its lines would be written once it exists
-            now = _pveconf.normalize(wanted[vmid] or [])
-            if now:
-                changed.append(int(vmid))
-                after.append('# CT {0}\n{1}'.format(vmid, _lines(now)))
-                lines[int(vmid)] = {'before': [], 'after': _lines(now).splitlines()}
-            entries = now
-            continue
         try:
-            did, was, now = _pveconf.apply(path, _pveconf.normalize(wanted[vmid] or []), module.check_mode, owned)
+            entries = _pveconf.normalize(wanted[vmid] or [])
+            if module.check_mode and not os.path.exists(path) and os.path.isdir(os.path.dirname(path)):
+                did, was, now = bool(entries), [], entries  # a container this run makes: written once it exists
+            else:
+                did, was, now = _pveconf.apply(path, entries, module.check_mode, owned)
         except _pveconf.RawError as e:
             module.fail_json(msg='CT {0}: {1}'.format(vmid, e), path=path, changed_vmids=changed)
         if did:

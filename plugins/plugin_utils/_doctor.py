@@ -149,9 +149,8 @@ def snapshot_rows(plan, storages):
     for spec in plan.get('wanted') or []:
         if spec.get('state') == 'absent':
             continue
-        config = dict(spec.get('mounts') or {}, rootfs=spec.get('rootfs') or '')
-        found.setdefault(spec['node'], []).append((spec['vmid'], spec.get('hostname'), _snapshot.refusal(config,
-                                                                                                         storages)))
+        found.setdefault(spec['node'], []).append((spec['vmid'], spec.get('hostname'),
+                                                   _snapshot.spec_refusal(spec, storages)))
     out = []
     for node in sorted(found):
         no = ['CT {0} ({1}): {2}'.format(v, h, why) for v, h, why in found[node] if why]

@@ -381,7 +381,7 @@ class Fleet(object):
         out = []
         for i, e in enumerate(self.containers if isinstance(self.containers, list) else []):
             mounts = e.get('mounts') if isinstance(e, dict) and isinstance(e.get('mounts'), dict) else {}
-            for key in sorted(k for k, v in mounts.items() if str(v).split(',', maxsplit=1)[0].startswith('/')):
+            for key in _snapshot.host_paths(mounts):
                 out.append('containers[{0}] (vmid {1}).mounts: {2} is a host path, which only root@pam with its '
                            'password may set (PVE: "mount point type bind is only allowed for root@pam"), and this '
                            'run logs in with a token: give gpufleet_api_password, or bind the path by a raw '
@@ -575,15 +575,8 @@ class Fleet(object):
         """{vmid: why PVE cannot snapshot the container, or None} for the containers of wanted (lxc_container
         specs): a mount point of the entry's own that is a host path, or a volume on a storage that cannot snapshot
         (storages: {id: type}, where known). The collection's own binds are raw lines, which never stop it."""
-        out = {}
-        for spec in wanted:
-            if spec.get('state') == 'absent':
-                continue
-            config = dict(spec.get('mounts') or {})
-            if spec.get('rootfs'):
-                config['rootfs'] = spec['rootfs']
-            out[spec['vmid']] = _snapshot.refusal(config, storages)
-        return out
+        return dict((spec['vmid'], _snapshot.spec_refusal(spec, storages)) for spec in wanted
+                    if spec.get('state') != 'absent')
 
     def raw_owned(self):
         """{node: {targets, majors}}: the raw lines of the collection on each planned node (_pveconf.ours), the

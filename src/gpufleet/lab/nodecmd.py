@@ -19,7 +19,7 @@ import os
 import sys
 
 from . import host
-from .host._util import _write
+from .host._util import _read, _write
 from .layout import Lab
 
 
@@ -150,21 +150,13 @@ def _module_users(lab):
     ours = Containers(lab)
     for name in sorted(os.listdir(lab.pve_conf_dir)) if os.path.isdir(lab.pve_conf_dir) else ():
         vmid = name[:-len('.conf')]
-        if name.endswith('.conf') and vmid.isdigit() and '/dev/nvidia' in _text(lab.pve_conf(vmid)) \
+        if name.endswith('.conf') and vmid.isdigit() and '/dev/nvidia' in _read(lab.pve_conf(vmid)) \
                 and ours.state(int(vmid)) == 'running':
             found.append('CT {0}'.format(vmid))
-    pid = _text(os.path.join(lab.node_files, 'run', 'nvidia-persistenced', 'nvidia-persistenced.pid')).strip()
+    pid = _read(os.path.join(lab.node_files, 'run', 'nvidia-persistenced', 'nvidia-persistenced.pid')).strip()
     if pid.isdigit() and os.path.exists('/proc/' + pid):
         found.append('nvidia-persistenced (pid {0})'.format(pid))
     return found
-
-
-def _text(path):
-    try:
-        with open(path) as fh:
-            return fh.read()
-    except OSError:
-        return ''
 
 
 def _nvidia_installer(lab, args):

@@ -465,7 +465,8 @@ def offer_driver(lab, version, fails_on=(), moves=None):
     """The node's package sources offer the driver of version, and NVIDIA's installer of it lies in the node's
     /root (NVIDIA-Linux-x86_64-<version>.run); its module does not build for the kernels in fails_on; moves:
     {package: version} of other packages of the node that apt moves with it to satisfy the new packages'
-    dependencies (NVIDIA's packaging builds nvidia-modprobe and nvidia-persistenced from sources of their own). A
+    dependencies (nvidia-modprobe is a source of its own: the real nvidia-kernel-support 535.309.01-0+deb12u1 in the
+    lab's bookworm pool Depends on nvidia-modprobe (>= 535), so apt moves it only where the installed one is older). A
     Debian node's own repository offers a Debian version of its suite (debnode.offer_version; fails_on and moves are
     the stand-in's)."""
     if lab.debian:
