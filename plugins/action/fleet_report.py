@@ -48,12 +48,16 @@ class Run(object):
 
     def failed(self):
         """{container host: the message of its venv build that failed} (a repair that could not be made, a Python no
-        lock covers): why the container was not verified."""
+        lock covers), or of its change refused where no snapshot could be taken first: why the container was not
+        verified."""
         out = {}
         for h in self.containers:
             build = self.var(h, 'torch_venv_build') or {}
+            snapshot = self.var(h, 'gpufleet_snapshot') or {}
             if build.get('failed') and build.get('msg'):
                 out[h] = str(build['msg'])
+            elif build.get('held') and snapshot.get('go') is False:
+                out[h] = 'its change was refused: PVE cannot snapshot it first ({0})'.format(snapshot.get('why'))
         return out
 
     def running(self):
@@ -84,7 +88,7 @@ class ActionModule(ControllerAction):
                                          seen.gpus, seen.failed(), task_vars.get('ansible_limit'),
                                          args['containers_group'])
                 verdict['nodes'] = _verdict.nodes(seen.devices())
-                judged = set(row['host'] for row in verdict['containers'] if row['state'] in ('verified', 'failed'))
+                judged = set(row['host'] for row in verdict['containers'] if row['state'] in ('verified', 'failed', 'rolled_back'))
                 files = dict((r['host'], r) for r in reports if r.get('host') in judged)
                 files['summary'] = verdict
                 done = _reports.write_all(args['dir'], files, prune_others=True)

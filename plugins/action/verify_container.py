@@ -64,8 +64,12 @@ class ActionModule(ActionBase):
         # the container (a node's play verifies one by delegating to it: verify's tasks_from container)
         host = self._task.delegate_to or task_vars.get('inventory_hostname')
         report = _verdict.report(now, audit, probe, host, args['node'], args['vmid'], args['run'])
+        if args['rolled_back']:
+            report['rolled_back'] = _verdict.rolled_back(args['rolled_back'])
         result.update(changed=False, state=now, ansible_facts={
             'verify_audit': _verdict.plain(audit), 'verify_result': _verdict.plain(probe), 'verify_report': report})
-        if not report['ok']:
+        if report.get('rolled_back'):
+            result['msg'] = '{0}: {1}'.format(host, '; '.join(_verdict.row(report)['failures']))
+        elif not report['ok']:
             result['msg'] = '{0}: {1}'.format(host, '; '.join(_verdict.problems(audit, probe)))
         return result

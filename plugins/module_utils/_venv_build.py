@@ -471,7 +471,7 @@ class Request:
     def __init__(self, *, root, link, lock_path=None, python='/usr/bin/python3', uv='uv', overrides=(),
                  install_args=(), cache_dir=None, keep=2, imports=('torch',), rollback=False, check=False,
                  timeout=3600, python_version_wanted=None, meta=None, lock_text=None, uv_version=None,
-                 uv_find_links=None, audit=False, repair=False, link_mode='copy', audit_mode='fast'):
+                 uv_find_links=None, audit=False, repair=False, link_mode='copy', audit_mode='fast', hold=False):
         self.root, self.link, self.lock_path, self.lock_text = root, link, lock_path, lock_text
         self.python, self.python_version_wanted = python, python_version_wanted
         self.uv, self.uv_version, self.uv_find_links = uv, uv_version, uv_find_links
@@ -479,6 +479,7 @@ class Request:
         self.cache_dir, self.link_mode = cache_dir, link_mode
         self.keep, self.rollback, self.check, self.timeout, self.meta = keep, rollback, check, timeout, meta
         self.audit, self.audit_mode, self.repair = audit, audit_mode, repair
+        self.hold = hold and not check
 
     @classmethod
     def from_params(cls, params, check=False):
@@ -490,7 +491,7 @@ class Request:
                    python_version_wanted=params['python_version'], meta=params['meta'],
                    lock_text=params['lock_content'], uv_version=params['uv_version'],
                    uv_find_links=params['uv_find_links'], audit=params['audit'], repair=params['repair'],
-                   link_mode=params['link_mode'], audit_mode=params['audit_mode'])
+                   link_mode=params['link_mode'], audit_mode=params['audit_mode'], hold=params['hold'])
 
 
 def call(params, check):
@@ -498,10 +499,16 @@ def call(params, check):
     userspace driver step first (params['driver']; a mismatch fails before the venv is touched), then deploy. Returns
     the module's result; a failure's has failed and msg (and what is known, e.g. the driver step's result)."""
     driver, extra = params['driver'], {}
+    hold = params['hold'] and not check and os.path.lexists(params['link'])
     if driver:
         try:
-            extra['driver'], failed = _nvidia.driver_step(driver['node_version'], driver['mode'], driver['mount'],
-                                                          driver['require_match'], check)
+            step = (driver['node_version'], driver['mode'], driver['mount'], driver['require_match'])
+            if hold:
+                ahead = _nvidia.driver_step(*step, check=True)[0]
+                if ahead['changed']:
+                    # the driver the container loads would change: held before anything is touched
+                    return dict(changed=True, held={'driver': True, 'venv': None}, driver=ahead, link=params['link'])
+            extra['driver'], failed = _nvidia.driver_step(*step, check=check)
         except (IOError, OSError) as e:
             return dict(failed=True, msg='venv_build: the driver step: {0}'.format(e))
         if failed:
@@ -547,7 +554,7 @@ def deploy(req):
                                 'removed': [], 'timings': {}, 'link': store.link, 'id': current,
                                 'venv': store.path(current), 'meta': (store.marker(current) or {}).get('meta', {}),
                                 'python_not_locked': e.finding}, None
-    if req.audit and not (req.check and (result['built'] or result['switched'])):
+    if req.audit and not result.get('held') and not (req.check and (result['built'] or result['switched'])):
         venv = result['venv']
         own = os.path.join(venv, LOCK_COPY)
         # A venv built in this run was audited by its build, against the same lock, moments ago.
@@ -622,6 +629,14 @@ def deploy_venv(store, req, env):
                   lock_written=bool(write_lock))
     report = None
     if req.check or not work:
+        return result, report
+    if req.hold and need_switch and current:
+        # the active venv would change: the new one is built beside it, and nothing the container uses is touched
+        result.update(switched=False, removed=[], lock_written=False, held={'driver': False, 'venv': vid})
+        if need_build:
+            with store.locked():
+                result['timings'], report = store.build(vid, req, lock_text=lock_text, env=env)
+                result['distributions'] = report['distributions']
         return result, report
     with store.locked():
         if need_build:

@@ -182,6 +182,14 @@ options:
         description: Fail when the container does not load exactly O(driver.node_version).
         type: bool
         default: false
+  hold:
+    description:
+      - Stop before the first change to what the container uses, where it already has a venv at O(link) - the driver
+        it loads (O(driver)), or the active venv (a switch to another) - and say so in RV(held); a new venv is built
+        beside the active one first. The same call without O(hold) then makes the change (the playbooks take a PVE
+        snapshot of the container in between). A container without a venv yet, a repair, and check mode are not held.
+    type: bool
+    default: false
   defer:
     description:
       - In a check run of a container reached with the P(gpufleet.proxmox.pct#connection) connection over SSH (the
@@ -210,6 +218,12 @@ EXAMPLES = r'''
 '''
 
 RETURN = r'''
+held:
+  description:
+    - With O(hold), what was held - C(driver) (true where the driver the container loads would change; nothing else
+      was done then) and C(venv) (the venv built beside the active one, not switched to, or null).
+  returned: when a change was held
+  type: dict
 deferred:
   description:
     - With O(defer), where the call was recorded for the node (no other key then) - the module, its arguments, the
@@ -322,7 +336,7 @@ ARGUMENT_SPEC = dict(
     uv_version=dict(type='str'), uv_find_links=dict(type='path'), audit=dict(type='bool', default=False),
     repair=dict(type='bool', default=False), link_mode=dict(type='str', default='copy', choices=['copy', 'hardlink']),
     audit_mode=dict(type='str', default='fast', choices=['fast', 'full']), defer=dict(type='bool', default=False),
-    profile=dict(type='dict'),
+    profile=dict(type='dict'), hold=dict(type='bool', default=False),
     driver=dict(type='dict', options=dict(
         node_version=dict(type='str', required=True),
         mode=dict(type='str', choices=['bind', 'read'], default='bind'),

@@ -108,6 +108,13 @@ options:
     description:
       - The id of the run, kept in the report, so that the fleet's verdict counts only the reports of its own run.
     type: str
+  rolled_back:
+    description:
+      - Where the container was rolled back in this run to the snapshot taken before its change, because its
+        verification after the change failed - V(snapshot), V(done) (whether the rollback was made), V(msg) (why
+        not), V(first) (the report of the verification that failed). The report keeps both verdicts in
+        C(rolled_back), and the fleet's verdict counts the container as rolled back, not verified.
+    type: dict
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -202,6 +209,7 @@ ARGUMENT_SPEC = {
     'node': {'type': 'str'},
     'vmid': {'type': 'int'},
     'run': {'type': 'str'},
+    'rolled_back': {'type': 'dict'},
 }
 
 

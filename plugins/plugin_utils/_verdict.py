@@ -139,8 +139,39 @@ def audit_count(findings):
     return sum(len(findings.get(k) or []) for k in kinds) + sum(len(v) for v in drift.values())
 
 
+def rolled_back(told):
+    """What a container's report keeps of its rollback in this run (told: the verify role's verify_rolled_back -
+    snapshot, done, msg, and change: the message of the change that failed, or first: the report of the verification
+    that failed after it): the snapshot, whether the rollback was made (error: why not), what failed (the change or
+    its verification) and its failures in words."""
+    first = told.get('first') or {}
+    failed = [str(told['change'])] if told.get('change') else _row(first)['failures'] if first else [
+        'its verification after the change failed']
+    return {'snapshot': told.get('snapshot'), 'done': bool(told.get('done')), 'error': told.get('msg') or None,
+            'failed': 'change' if told.get('change') else 'verification', 'change_failed': failed}
+
+
+def _rolled_back_words(r, failures):
+    """The failures of a rolled-back container's row, in words: both verdicts."""
+    back = r['rolled_back']
+    then = ('rolled back to {0} and started; verified again: '.format(back['snapshot']) +
+            ('ok' if r.get('ok') else '; '.join(failures) or 'failed')) if back['done'] else \
+        'the rollback to {0} failed: {1}'.format(back['snapshot'], back['error'])
+    what = ' verification' if back.get('failed') != 'change' else ''
+    return ['its change failed{0} ({1}); {2}'.format(what, '; '.join(back['change_failed']), then)]
+
+
+def row(r):
+    """One verified container's row of the summary, from its report. A container rolled back in this run to the
+    snapshot taken before its change is rolled_back, not ok, whatever its verification after the rollback said."""
+    out = _row(r)
+    if r.get('rolled_back'):
+        out.update(state='rolled_back', ok=False, failures=_rolled_back_words(r, out['failures']))
+    return out
+
+
 def _row(r):
-    """One verified container's row of the summary, from its report."""
+    """One verified container's row of the summary, from its report (its rollback left aside: row)."""
     torch = r.get('torch') or {}
     ok = bool(r.get('ok'))
     return {
@@ -235,7 +266,7 @@ def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachabl
         host, vmid = entry.get('hostname'), entry.get('vmid')
         seen.add(host)
         if host in by_host:
-            rows.append(dict(_row(by_host[host]), expected=True, gpus=given(vmid, entry)))
+            rows.append(dict(row(by_host[host]), expected=True, gpus=given(vmid, entry)))
             continue
         c = read.get(vmid)
         status = found(c, as_found)
@@ -260,15 +291,16 @@ def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachabl
         rows.append({'host': host, 'node': node, 'vmid': vmid, 'profile': entry.get('profile'), 'state': state,
                      'ok': False if expected else None, 'expected': expected, 'why': why,
                      'failures': [why] if expected else [], 'gpus': given(vmid, entry)})
-    rows.extend(dict(_row(r), expected=True, gpus=given(r.get('vmid'), None)) for h, r in sorted(by_host.items())
+    rows.extend(dict(row(r), expected=True, gpus=given(r.get('vmid'), None)) for h, r in sorted(by_host.items())
                 if h not in seen)
     counted = [row for row in rows if row['expected']]
     verified = sum(1 for row in counted if row['state'] == 'verified')
     bad = [row for row in counted if row['state'] != 'verified']
     verdict = 'verified {0} of {1} container(s)'.format(verified, len(counted))
     if bad:
-        verdict += ': ' + '; '.join('{0} (CT {1} on {2}): {3}'.format(row['host'], row['vmid'], row['node'],
-                                                                      row['state']) for row in bad)
+        verdict += ': ' + '; '.join('{0} (CT {1} on {2}): {3}'.format(
+            row['host'], row['vmid'], row['node'],
+            row['failures'][0] if row['state'] == 'rolled_back' else row['state']) for row in bad)
     return {'run': run, 'mode': 'check' if check_mode else 'verify', 'ok': bool(counted) and not bad,
             'verified': verified, 'expected': len(counted), 'verdict': verdict,
             'fleet': [row['host'] for row in rows], 'containers': rows}

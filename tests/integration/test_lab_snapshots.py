@@ -186,3 +186,98 @@ def test_gpufleet_rollback_rolls_a_fleet_container_back_and_verifies_the_fleet(l
         assert none.returncode == 1 and 'CT 956 has no snapshot nope' in none.stdout + none.stderr
     finally:
         pve.cleanup()
+
+
+def test_a_venv_switch_that_fails_verification_is_rolled_back_to_the_snapshot_taken_before_it(lab, creds, node_ssh,
+                                                                                                tmp_path):
+    """site.yml switches a container's venv to a profile whose torch is not what the profile expects: the switch
+    waits for a snapshot (check mode names the one it would take), the verification after it fails, the container
+    goes back to the snapshot, is started and verified again, and the run fails saying both verdicts."""
+    import shutil
+    from conftest import ROOT, Pve, _api, site
+    from test_gpu_container_role import entry
+    pve = Pve(_api(creds, user='root@pam', password=creds['api_password']), creds['node'])
+    pve.made.append(957)
+    base = os.path.join(ROOT, 'roles', 'torch_venv', 'files', 'profiles', 'cpu')  # the lab's (its wheelhouse's)
+    wrong = tmp_path / 'wrong'
+    wrong.mkdir()
+    shutil.copy(os.path.join(base, 'pyproject.toml'), str(wrong / 'pyproject.toml'))
+    # the same wheels under another lock (a new venv, built from the node's warm cache) that promises another torch
+    (wrong / 'requirements.lock').write_text(open(os.path.join(base, 'requirements.lock')).read() + '# newer\n')
+    (wrong / 'profile.yml').write_text(open(os.path.join(base, 'profile.yml')).read().replace(
+        'torch_version: 2.13.0+cpu', 'torch_version: 2.14.0+cpu'))
+
+    def link():
+        return node_ssh('pct exec 957 -- readlink /root/venv').stdout.strip()
+
+    try:
+        made = site(tmp_path, [entry(957, 'roll-b', [0])], venv=True)
+        assert made.rc == 0, made.failures() or made.stdout[-3000:]
+        before = link()
+        assert [s['name'] for s in pve.ct(957).snapshot.get()] == ['current']  # a first venv: nothing to keep
+        fleet = [entry(957, 'roll-b', [0], venv_profile=str(wrong))]
+        # check mode names the snapshot a run would take, and takes none
+        check = site(tmp_path, fleet, '--check', venv=True)
+        said = [t for t in check.tasks('pve1') if 'Say which snapshot each changing container got' in t['task']]
+        assert said and 'roll-b (CT 957): would be snapshotted as gpufleet-' in json.dumps(said), said
+        assert [s['name'] for s in pve.ct(957).snapshot.get()] == ['current'] and link() == before
+        broken = site(tmp_path, fleet, venv=True)
+        assert broken.rc != 0
+        snaps = [s['name'] for s in pve.ct(957).snapshot.get() if s['name'] != 'current']
+        assert len(snaps) == 1 and snaps[0].startswith('gpufleet-'), snaps
+        # the switch was made (held, snapshotted, then made), then undone by the rollback
+        held = [t for t in broken.tasks('roll-b') if t['task'].endswith('audit the active venv and repair it')]
+        assert held[0]['held']['venv'] == held[0]['id'] and held[1]['switched'], held
+        assert link() == before and pve.status(957) == 'running'
+        summary = json.load(open(str(tmp_path / 'reports' / 'summary.json')))
+        (row,) = [r for r in summary['containers'] if r['vmid'] == 957]
+        assert row['state'] == 'rolled_back' and not row['ok'], row
+        (words,) = row['failures']
+        assert words.startswith('its change failed verification (torch_version: expected 2.14.0+cpu, got '
+                                '2.13.0+cpu') and words.endswith(
+            'rolled back to {0} and started; verified again: ok'.format(snaps[0])), words
+        report = json.load(open(str(tmp_path / 'reports' / 'roll-b.json')))
+        assert report['ok'] and report['rolled_back']['snapshot'] == snaps[0] and report['rolled_back']['done']
+        assert "roll-b (CT 957 on pve1): its change failed verification (" in summary["verdict"], summary["verdict"]
+    finally:
+        pve.cleanup()
+
+
+def test_a_driver_change_that_fails_is_rolled_back_to_the_snapshot_taken_before_it(lab, creds, node_ssh, tmp_path):
+    """The container's loader config differs from the one its driver step writes (a change of the driver it loads):
+    the change waits for a snapshot; the change then fails in the container (its ldconfig cannot write the cache),
+    the container goes back to the snapshot - the config the failed change wrote is gone - and is verified again."""
+    from conftest import Pve, _api, site
+    from test_gpu_container_role import entry
+    pve = Pve(_api(creds, user='root@pam', password=creds['api_password']), creds['node'])
+    pve.made.append(958)
+    conf = '/etc/ld.so.conf.d/000-gpufleet-nvidia.conf'
+    fleet = [entry(958, 'roll-c', [0])]
+    try:
+        made = site(tmp_path, fleet, venv=True)
+        assert made.rc == 0, made.failures() or made.stdout[-3000:]
+        # the loader's config edited by hand (libcuda still found), and an ldconfig that fails to write its cache
+        breaking = ("echo '# edited' >> {0} && mv /sbin/ldconfig /sbin/ldconfig.orig && printf '%s\\n' '#!/bin/sh' "
+                    "'case \"$1\" in -p) exec /sbin/ldconfig.orig \"$@\";; esac' "
+                    "'echo \"ldconfig: cannot write the cache\" >&2; exit 1' > /sbin/ldconfig && chmod 755 /sbin/ldconfig"
+                    ).format(conf)
+        assert node_ssh("pct exec 958 -- sh -c '{0}'".format(breaking.replace("'", "'\\''"))).returncode == 0
+        edited = read(node_ssh, 958, conf)
+        assert edited.endswith('# edited\n')
+        broken = site(tmp_path, fleet, venv=True)
+        assert broken.rc != 0
+        steps = [t for t in broken.tasks('roll-c') if t['task'].endswith('audit the active venv and repair it')]
+        assert steps[0]['held'] == {'driver': True, 'venv': None}, steps[0]
+        assert steps[1]['failed'] and 'ldconfig failed: ldconfig: cannot write the cache' in steps[1]['msg'], steps[1]
+        snaps = [s['name'] for s in pve.ct(958).snapshot.get() if s['name'] != 'current']
+        assert len(snaps) == 1 and snaps[0].startswith('gpufleet-'), snaps
+        # back at the snapshot: the config the failed change wrote is gone, the hand-edited one is back
+        assert read(node_ssh, 958, conf) == edited and pve.status(958) == 'running'
+        summary = json.load(open(str(tmp_path / 'reports' / 'summary.json')))
+        (row,) = [r for r in summary['containers'] if r['vmid'] == 958]
+        assert row['state'] == 'rolled_back', row
+        (words,) = row['failures']
+        assert words.startswith('its change failed (venv_build: the driver step: ldconfig failed') and words.endswith(
+            'rolled back to {0} and started; verified again: ok'.format(snaps[0])), words
+    finally:
+        pve.cleanup()

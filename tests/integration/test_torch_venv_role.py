@@ -147,8 +147,11 @@ def test_failed_build_keeps_the_active_venv_and_rollback(built, tmp_path):
     newer = venv_site(tmp_path, torch_venv_profile=profile(tmp_path, 'newer', lock + '# rebuilt\n'),
                       torch_venv_environment={'UV_COMPILE_BYTECODE': '1'})
     assert newer.rc == 0, newer.stdout[-3000:]
-    (res,) = task(newer, 'venv-a', 'audit the active venv and repair it')
-    assert res['built'] and res['previous'] == os.path.basename(before) and link() != before
+    # built beside and held, the container snapshotted, then switched (site.yml's snapshot before a change)
+    held, res = task(newer, 'venv-a', 'audit the active venv and repair it')
+    assert held['built'] and held['held'] == {'driver': False, 'venv': res['id']} and not held['switched']
+    assert res['switched'] and not res['built'] and res['previous'] == os.path.basename(before)
+    assert link() != before
     pyc = 'lib/python3.11/site-packages/torch/utils/tensorboard/__pycache__/writer.cpython-311.pyc'
     assert sh('test -f /root/venv/{0}'.format(pyc)).returncode == 0
     assert sh('test -f /opt/gpufleet/venvs/{0}/{1}'.format(os.path.basename(before), pyc)).returncode != 0

@@ -229,3 +229,26 @@ def test_a_full_audit_of_the_active_venv_imports_its_imports(build, tmp_path, wh
     failed = build(stack, fail=True, audit=True, repair=True, audit_mode='full', imports=imports)
     assert 'import fake_globaldeps failed: OSError: libfakeglobal.so.1: cannot open shared object file' in failed['msg']
     assert failed['failed_imports'][0]['library'] == 'libfakeglobal.so.1'
+
+
+def test_hold_builds_the_new_venv_beside_and_switches_only_when_called_again(build, tmp_path, wheels):
+    link, root = str(tmp_path / 'venv'), str(tmp_path / 'venvs')
+    first = lock(wheels, tmp_path / 'a.lock', *STACK)
+    # a container without a venv yet has nothing to keep: not held
+    one = build(first, hold=True)
+    assert one['switched'] and 'held' not in one and os.readlink(link) == os.path.join(root, one['id'])
+    # nothing to change: nothing held
+    assert not build(first, hold=True)['changed']
+    second = lock(wheels, tmp_path / 'b.lock', *(STACK + ('fake-extra==1.0',)))
+    held = build(second, hold=True, audit=True)
+    assert held['changed'] and held['held'] == {'driver': False, 'venv': held['id']} and held['built']
+    assert not held['switched'] and 'audit' not in held and held['removed'] == []
+    assert os.readlink(link) == os.path.join(root, one['id'])  # the active venv is untouched
+    assert os.path.isfile(os.path.join(root, held['id'], 'gpufleet-venv.json'))  # the new one is complete
+    # in check mode nothing is held: the switch is reported as a change
+    planned = build(second, hold=True, check=True)
+    assert planned['switched'] and 'held' not in planned
+    # the same call without hold: the switch, without building again
+    made = build(second, audit=True)
+    assert made['switched'] and not made['built'] and made['previous'] == one['id'] and 'held' not in made
+    assert os.readlink(link) == os.path.join(root, held['id']) and made['audit']['healthy']

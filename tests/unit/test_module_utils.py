@@ -725,3 +725,22 @@ def test_a_second_call_of_a_run_tells_what_both_did():
     assert moved['diff']['after'] == {'node': 'pve3', 'status': 'running'}
     # not restarted by the second call: its change still waits
     assert waiting['changed'] and waiting['pending'] == ['nameserver'] and waiting['restart_required']
+
+
+def test_a_rolled_back_container_is_counted_as_such_with_both_verdicts():
+    first = {'host': 'a', 'node': 'pve1', 'vmid': 1, 'ok': False, 'audit': {'healthy': True},
+             'torch': {'failures': [{'check': 'torch_version', 'expected': '2', 'actual': '1'}]}}
+    after = {'host': 'a', 'node': 'pve1', 'vmid': 1, 'ok': True, 'audit': {'healthy': True}, 'torch': {'failures': []},
+             'rolled_back': _verdict.rolled_back({'snapshot': 'gpufleet-1', 'done': True, 'first': first})}
+    row = _verdict.row(after)
+    assert row['state'] == 'rolled_back' and row['ok'] is False
+    assert row['failures'] == ['its change failed verification (torch_version: expected 2, got 1); rolled back to '
+                               'gpufleet-1 and started; verified again: ok']
+    # the change itself failed; the rollback could not be made
+    told = {'snapshot': 'gpufleet-2', 'done': False, 'msg': 'CT 1 is locked', 'change': 'ldconfig failed'}
+    row = _verdict.row(dict(after, ok=False, rolled_back=_verdict.rolled_back(told)))
+    assert row['failures'] == ['its change failed (ldconfig failed); the rollback to gpufleet-2 failed: CT 1 is locked']
+    verdict = _verdict.fleet([after], [{'hostname': 'a', 'vmid': 1}], {'containers': [
+        {'vmid': 1, 'node': 'pve1', 'status': 'running'}]})
+    assert not verdict['ok'] and verdict['verdict'].startswith(
+        'verified 0 of 1 container(s): a (CT 1 on pve1): its change failed verification (')

@@ -36,7 +36,7 @@ def holder_label(h):
     """A holder as a line says it: the fleet's by its host name, another by its vmid and why it is not the fleet's."""
     if h['in_fleet']:
         return '{0} (CT {1}{2})'.format(h['name'], h['vmid'], ', ' + h['state'] if h.get('state') in (
-            'missing', 'stopped', 'unreached', 'failed') else '')
+            'missing', 'stopped', 'unreached', 'failed', 'rolled_back') else '')
     return 'CT {0}{1}, not in the fleet'.format(h['vmid'], ' ' + h['name'] if h.get('name') else '')
 
 

@@ -86,7 +86,8 @@ def samples(result, command, ended, took, before=()):
         state = row.get('state')
         if state not in (None, 'unread'):  # unread: the API was not read, so neither is known
             out.append(('container_present', ids, 0 if state == 'missing' else 1))
-            out.append(('container_running', ids, 1 if state in ('verified', 'failed', 'unreached') else 0))
+            out.append(('container_running', ids, 1 if state in ('verified', 'failed', 'unreached', 'rolled_back')
+                        else 0))
         if row.get('expected'):
             out.append(('verify_ok', ids, 1 if state == 'verified' else 0))
         if looked_for_drift:
@@ -100,7 +101,7 @@ def samples(result, command, ended, took, before=()):
             out.append(('drift_items', ids, drift_before[(ids['node'], ids['vmid'], ids['hostname'])]))
         if row.get('gpus') is not None:
             out.append(('gpus_expected', ids, len(row['gpus'])))
-        if state in ('verified', 'failed') and 'venv_findings' in row:  # judged by its verification's report
+        if state in ('verified', 'failed', 'rolled_back') and 'venv_findings' in row:  # judged by its verification's report
             if row.get('devices_seen') is not None:
                 out.append(('gpus_seen', ids, row['devices_seen']))
             out.append(('venv_healthy', ids, 0 if row.get('venv_findings') else 1))

@@ -21,7 +21,7 @@ FOREIGN = '#3b4252'  # a container outside the fleet that holds a GPU
 PALETTE = ('#4e79a7', '#f28e2b', '#59a14f', '#76b7b2', '#edc948', '#b07aa1', '#9c755f', '#2f4b7c', '#a05195',
            '#665191', '#3d8b8b', '#8c6d31')
 STATES = {'verified': 'ok', 'failed': 'bad', 'missing': 'bad', 'stopped': 'off', 'unreached': 'warn',
-          'unread': 'off'}
+          'unread': 'off', 'rolled_back': 'warn'}
 STYLE = '''
 body{font-family:system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:24px;color:#1d2330}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px}
@@ -70,7 +70,7 @@ def gpu_cells(node, gpus, colour):
             style, cls, label = 'background:linear-gradient(135deg,{0})'.format(stops), 'gpu', 'shared: ' + ', '.join(names)
         if who and all(h.get('state') in ('missing', 'stopped') for h in who):
             style += ';opacity:.5'
-        if any(h.get('state') in ('failed', 'unreached') for h in who) or any(not h['in_fleet'] for h in who):
+        if any(h.get('state') in ('failed', 'unreached', 'rolled_back') for h in who) or any(not h['in_fleet'] for h in who):
             cls += ' failed'  # a holder runs but was not verified, or is not the fleet's
         out.append('<div class="{0}" style="{1}" title="{2}" data-gpu="{3}" data-holders="{4}"><div class="ix">GPU {3}'
                    '</div><div class="who">{5}</div><div>{6}</div></div>'.format(
