@@ -57,7 +57,8 @@ class Run(object):
             if build.get('failed') and build.get('msg'):
                 out[h] = str(build['msg'])
             elif build.get('held') and snapshot.get('go') is False:
-                out[h] = 'its change was refused: PVE cannot snapshot it first ({0})'.format(snapshot.get('why'))
+                out[h] = ('its change was refused: PVE cannot snapshot it first ({0}); -e '
+                          'gpu_container_snapshot_optional=true makes it without one').format(snapshot.get('why'))
         return out
 
     def running(self):
@@ -97,7 +98,7 @@ class ActionModule(ControllerAction):
                 out['fleet'] = verdict
             if args['drift']:
                 drift = _drift.fleet(seen.devices(), seen.reconcile, seen.definition, seen.running(), verdict,
-                                     check_mode)
+                                     check_mode, seen.gpus)
                 done = _reports.write_all(os.path.join(args['dir'], 'drift'), _drift.reports(drift), prune_others=True)
                 written += done[0]
                 removed += done[1]

@@ -16,7 +16,7 @@ The rules:
 import os
 import re
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pveconf, _pvecheck
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pveconf, _pvecheck, _snapshot
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._pve import PveClient, PveError, missing_proxmoxer, pve_version
 
 # Per-container options (PVE's names where PVE has one).
@@ -407,10 +407,13 @@ class Reconciler(object):
     `apply` sends the changes.  `reconcile_all` plans every container before it applies any.
     """
 
-    def __init__(self, client, check_mode=False, lock_timeout=60):
+    def __init__(self, client, check_mode=False, lock_timeout=60, snapshots=None):
         self.client = client
         self.check_mode = check_mode
         self.lock_timeout = lock_timeout
+        # {keep, optional}: a snapshot before a config change that a restart here makes effective (None: none)
+        self.snapshots = snapshots
+        self._storages = None
         self._guests = None
         self._live = {}
         self._hot_devices = {}
@@ -520,6 +523,7 @@ class Reconciler(object):
             res['pending'] = sorted(set(pending_now) | set(k for k in res['changed_keys'] if not self.hot(k, sets, current, node)))
             res['restart_required'] = bool(res['pending'])
         self._plan_power(plan)
+        self._plan_snapshot(plan)
         if plan.get('move') and status == 'running' and plan['action'] == 'start':
             # started again on its node, as it ran before the move: part of the move, not a change of power
             res.pop('power', None)
@@ -682,6 +686,28 @@ class Reconciler(object):
         elif plan.get('create') or plan.get('was_running'):
             res['status'] = 'stopped'  # made, or moved (the move stops it), and not started here
 
+    def _plan_snapshot(self, plan):
+        """A running container whose config change is made effective by a restart here: a snapshot first (its name
+        in the result; in check mode, the one that would be taken). Where PVE cannot snapshot it (_snapshot.refusal),
+        the change is written but not restarted into, unless the snapshot is optional; the result says why."""
+        res = plan['res']
+        if not self.snapshots or plan['status'] != 'running' or plan['action'] != 'reboot' or not (
+                plan.get('sets') or plan.get('deletes') or res.get('pending')):
+            return
+        if self._storages is None:
+            self._storages = dict((s['storage'], s.get('type')) for s in self.client.get('storage'))
+        why = _snapshot.refusal(plan['current'], self._storages)
+        if why and not self.snapshots.get('optional'):
+            plan['action'] = None
+            res['restart_refused'] = 'PVE cannot snapshot it first: {0}'.format(why)
+            res.pop('power', None)
+            for side in ('before', 'after'):
+                res['diff'][side].pop('status', None)
+            res['status'] = 'running'
+            res['changed'] = bool(res['changed_keys'])
+        elif not why:
+            plan['snapshot'] = res['snapshot'] = _snapshot.name_at()
+
     def _plan_absent(self, plan):
         spec, res = plan['spec'], plan['res']
         if not plan['exists']:
@@ -729,6 +755,11 @@ class Reconciler(object):
                             lock_timeout=lt, accepted=done('create'), **plan['create'])
         if plan.get('move'):
             node, path = self._move(plan, done)
+        if plan.get('snapshot'):
+            _snapshot.run(client, vmid, name=plan['snapshot'], keep=self.snapshots.get('keep') or 0,
+                          description='gpufleet: before a config change that needs a restart ({0})'.format(
+                              ', '.join(res['changed_keys'])), lock_timeout=lt)
+            res['actions'].append('snapshot')
         if plan.get('sets') or plan.get('deletes'):
             self._put_config(plan)
             res['actions'].append('config')
@@ -744,7 +775,8 @@ class Reconciler(object):
             res['pending'] = sorted(p['key'] for p in client.get(path + '/pending') if 'pending' in p or p.get('delete'))
             res['restart_required'] = bool(res['pending'])
         action = plan['action']
-        if action is None and res['restart_required'] and plan['spec'].get('restart_on_pending'):
+        if action is None and res['restart_required'] and plan['spec'].get('restart_on_pending') and not res.get(
+                'restart_refused'):
             action = 'reboot'
         if action:
             params = {'forceStop': 1} if action == 'shutdown' else {}
@@ -807,12 +839,13 @@ def orphans(guests, tag, wanted):
             and tag in [t.lower() for t in tag_list(g.get('tags'))]]
 
 
-def reconcile_all(client, specs, check_mode, lock_timeout=60, orphan_tag=None, known=()):
+def reconcile_all(client, specs, check_mode, lock_timeout=60, orphan_tag=None, known=(), snapshots=None):
     """Validate every definition, plan every container (reads only), then apply the plans. Returns (results,
     orphans): with orphan_tag, the containers that carry it but are neither among specs nor known (vmids of the
-    fleet's other containers, on nodes the run does not reach) (see orphans), else None."""
+    fleet's other containers, on nodes the run does not reach) (see orphans), else None. snapshots: {keep, optional}
+    where a running container is snapshotted before a config change that its restart here makes effective."""
     validate(specs)
-    rec = Reconciler(client, check_mode, lock_timeout)
+    rec = Reconciler(client, check_mode, lock_timeout, snapshots)
     rec.check_nodes(specs)
     plans = [rec.plan(spec) for spec in specs]
     left = orphans(rec.guests(), orphan_tag, set(s['vmid'] for s in specs) | set(known or ())) if orphan_tag else None
@@ -847,7 +880,7 @@ def run(params, check_mode):
         validate(specs)
         client = PveClient(params, read_only=check_mode)
         results, left = reconcile_all(client, specs, check_mode, params['lock_timeout'], params['orphan_tag'],
-                                      params.get('orphan_known') or ())
+                                      params.get('orphan_known') or (), params.get('snapshot_before_restart'))
     except SpecError as e:
         return {'failed': True, 'changed': False, 'msg': str(e)}
     except PveError as e:
@@ -879,7 +912,8 @@ def merge_earlier(results, earlier):
     """Each result with what an earlier call of this run did to the same container (earlier: that call's whole
     result; a run that writes raw lines between the two calls: the first makes and moves, the second starts): its
     changed keys, actions, creation and refused move, its config before (the earlier call's) and after (this one's),
-    and its changes still pending unless this call (re)started the container."""
+    and its changes still pending unless this call (re)started the container; the snapshot taken before its restart
+    (or why it was not restarted) where this call says none."""
     if not earlier:
         return
     old = dict((r.get('vmid'), r) for r in earlier.get('containers') or [])
@@ -892,8 +926,8 @@ def merge_earlier(results, earlier):
         res['changed'] = bool(res.get('changed') or was.get('changed'))
         res['changed_keys'] = sorted(set(res.get('changed_keys') or []) | set(was.get('changed_keys') or []))
         res['actions'] = list(was.get('actions') or []) + list(res.get('actions') or [])
-        for key in ('created', 'move_refused'):
-            if was.get(key):
+        for key in ('created', 'move_refused', 'snapshot', 'restart_refused'):
+            if was.get(key) and not res.get(key):
                 res[key] = was[key]
         if res.get('power') not in ('start', 'reboot'):
             res['pending'] = sorted(set(res.get('pending') or []) | set(was.get('pending') or []))

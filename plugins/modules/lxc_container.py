@@ -185,6 +185,22 @@ options:
         Top-level container options are defaults for every entry.
     type: list
     elements: dict
+  snapshot_before_restart:
+    description:
+      - Where a running container's config change is made effective by a restart in this call (O(restart_on_pending),
+        O(state=restarted)), take a PVE snapshot of it first (C(gpufleet-<date>-<time>), its result's C(snapshot) in
+        RV(containers); check mode names it). Where PVE cannot snapshot it, the change is written but the restart is
+        not made (its result's C(restart_refused) says why), unless O(snapshot_before_restart.optional).
+    type: dict
+    suboptions:
+      keep:
+        description: How many of the collection's snapshots the container keeps, the new one counted.
+        type: int
+        default: 3
+      optional:
+        description: Restart without a snapshot where PVE cannot take one.
+        type: bool
+        default: false
   lock_timeout:
     description:
       - Seconds to keep retrying while the container is locked (backup, snapshot, ...) - every request that can meet
@@ -275,7 +291,9 @@ status:
   type: str
 containers:
   description:
-    - One result per container (the keys above, and the C(actions) sent), in the order given.
+    - One result per container (the keys above, and the C(actions) sent), in the order given. With
+      O(snapshot_before_restart), C(snapshot) names the snapshot taken before a config change and its restart (or
+      that would be), and C(restart_refused) says why a restart was not made.
     - When the call fails after a change, the containers are here too - those done, the one that failed with
       C(failed) and C(msg) (and C(changed) true when PVE took a request for it, as a create before its task failed),
       and those not reached with C(skipped).
@@ -313,6 +331,8 @@ def argument_spec():
     spec['raw_changed'] = dict(type='dict', default={})
     spec['earlier'] = dict(type='dict', default={})
     spec['lock_timeout'] = dict(type='int', default=60)
+    spec['snapshot_before_restart'] = dict(type='dict', options=dict(
+        keep=dict(type='int', default=3), optional=dict(type='bool', default=False)))
     spec['orphan_tag'] = dict(type='str')
     spec['orphan_known'] = dict(type='list', elements='int', default=[])
     return spec

@@ -53,15 +53,54 @@ def _named(key, config):
     return '{0} ({1})'.format(key, path) if path else key
 
 
+def unfit(found, indexes):
+    """Why a node (found: its gpu_devices facts) cannot give a container these GPU indexes, or None where it can: no
+    NVIDIA driver loaded, or GPUs it does not have."""
+    found = found or {}
+    if not found.get('driver_version'):
+        return 'no NVIDIA driver is loaded there'
+    have = sorted(g.get('index') for g in found.get('gpus') or [] if g.get('index') is not None)
+    lacking = [i for i in indexes if i not in have]
+    if lacking:
+        return 'it has no GPU {0} (it has {1})'.format(
+            ', '.join(str(i) for i in lacking), ', '.join(str(i) for i in have) or 'none')
+    return None
+
+
+def moved(vmid, wanted, found, indexes, devices, refused=None):
+    """A container found on another node than the fleet's (moved by a migration or an HA recovery) in words: whether
+    the node it runs on now gives it its GPUs, and which node would (the fleet's first, then any other the run read),
+    or that PVE cannot move it back."""
+    detail = 'node: expected {0}, found {1}'.format(wanted, found)
+    if indexes and devices and found in devices:
+        why = unfit(devices.get(found), indexes)
+        fits = [n for n in [wanted] + sorted(n for n in devices if n not in (wanted, found))
+                if n in devices and unfit(devices[n], indexes) is None]
+        if why:
+            detail += '; on {0} it is without its GPUs ({1})'.format(found, why)
+        if fits:
+            detail += '; {0} would fit (GPU {1}{2})'.format(
+                ', '.join(fits), ', '.join(str(i) for i in indexes),
+                ', a driver loaded' if why == 'no NVIDIA driver is loaded there' else '')
+        else:
+            detail += '; no node the run read has GPU {0} with a driver loaded'.format(
+                ', '.join(str(i) for i in indexes))
+    if refused:
+        detail += ' (PVE cannot move it back: {0})'.format(refused)
+    return detail
+
+
 RESTART_HOW = ('a run restarts it only where allowed: restart_on_pending: true in its entry, or '
                'gpu_container_restart_on_pending: true for the fleet')
 
 
-def containers(reconcile, fleet, check_mode=True):
+def containers(reconcile, fleet, check_mode=True, devices=None, gpus=None):
     """{container hostname: items} from gpu_container's lxc_container result: config keys that differ (before
     and after), a container to create or destroy, a power state to change, changes waiting for a restart, and the
     orphans. Each item that is not applied to the running container is marked waits (PVE keeps it pending until a
-    restart: never repaired while it waits), and each orphan left (reported, never repaired)."""
+    restart: never repaired while it waits), and each orphan left (reported, never repaired). A container found on
+    another node says whether that node gives it its GPUs (devices: {node: gpu_devices facts}; gpus: {vmid: its
+    GPU indexes}) and which node would."""
     names = dict((e.get('vmid'), e.get('hostname')) for e in fleet or [])
     diffs = (reconcile or {}).get('diff') or []
     diffs = dict((d.get('before_header'), d) for d in ([diffs] if isinstance(diffs, dict) else diffs))
@@ -82,9 +121,8 @@ def containers(reconcile, fleet, check_mode=True):
         else:
             for key in res.get('changed_keys') or []:
                 if key == 'node':
-                    detail = 'node: expected {0}, found {1}'.format(after.get(key), before.get(key))
-                    if res.get('move_refused'):
-                        detail += ' (PVE cannot move it back: {0})'.format(res['move_refused'])
+                    detail = moved(vmid, after.get(key), before.get(key), (gpus or {}).get(vmid) or [], devices,
+                                   res.get('move_refused'))
                 elif key.startswith('dev') and after.get(key) is None and '/dev/nvidia' in str(before.get(key)):
                     detail = '{0} is no longer given to CT {1}: a repair removes it'.format(_named(key, before), vmid)
                 elif HAND_MADE.match(key) and after.get(key) is None and before.get(key) is not None:
@@ -201,12 +239,13 @@ def unverified(fleet):
                 for row in (fleet or {}).get('containers') or [] if row.get('state') in ('unreached', 'unread'))
 
 
-def fleet(devices, reconcile, definition, running, verdict, check_mode):
+def fleet(devices, reconcile, definition, running, verdict, check_mode, gpus=None):
     """The fleet's drift report from what a run saw: devices {node: its gpu_devices facts}; reconcile and
     definition: gpu_container's lxc_container result and the fleet's entries; running {container hostname:
     {driver, build, report}} (its userspace_driver and venv_build results, its verify report); verdict: the fleet's
-    verification (plugin_utils/_verdict.fleet), or None where it was not judged."""
-    hosts = containers(reconcile, definition, check_mode)
+    verification (plugin_utils/_verdict.fleet), or None where it was not judged; gpus: {vmid: the GPU indexes the
+    run's plan gives it}."""
+    hosts = containers(reconcile, definition, check_mode, devices, gpus)
     for host, seen in sorted((running or {}).items()):
         hosts.setdefault(host, []).extend(container(**seen))
     for host, items in unverified(verdict).items():

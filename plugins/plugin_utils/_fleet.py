@@ -250,8 +250,13 @@ def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, pas
             node_gpus = nodes.get(node) if isinstance(node, str) else None
             for g in gpu_list(entry, node_gpus) if node_gpus is not None else []:
                 if g not in node_gpus:
-                    problems.append(('gpus', 'node {0} has no GPU {1} (it has {2})'.format(
-                        node, g, sorted(node_gpus) or 'none')))
+                    wanted = gpu_list(entry, node_gpus)
+                    fits = sorted(n for n, have in nodes.items()
+                                  if n != node and have and all(w in have for w in wanted))
+                    problems.append(('gpus', 'node {0} has no GPU {1} (it has {2}){3}'.format(
+                        node, g, sorted(node_gpus) or 'none',
+                        '; {0} would fit (GPU {1})'.format(', '.join(fits), ', '.join(str(w) for w in wanted))
+                        if fits else '')))
                 elif not gpu_sharing and (node, g) in owner:
                     problems.append(('gpus', 'GPU {0} of node {1} is already given to containers[{2}] '
                                              '(set gpu_container_gpu_sharing: true to share GPUs)'.format(

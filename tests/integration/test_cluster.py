@@ -412,6 +412,20 @@ def test_a_container_found_on_another_node_is_drift_and_a_repair_moves_it_back(c
     assert summary['verdict'] == 'verified 3 of 3 container(s)'
     assert dict((r['host'], r['node']) for r in summary['containers'])['util-c3'] == 'pve3'
 
+    # a GPU container moved to the node without GPUs (as an HA recovery might): the finding says it is without its
+    # GPUs there and which node would give them; a repair moves it back, where it is verified with its GPU
+    pve.ok(on(cluster, 'pve2').lxc(222).migrate.post(target='pve3', restart=1))
+    check = run_playbook(open(DRIFT).read(), tmp_path, '--check', inventory=CLUSTER)
+    found = json.loads((tmp_path / 'reports' / 'drift' / 'summary.json').read_text())
+    assert [i['detail'] for i in found['containers']['train-c2'] if i['item'] == 'node'] == [
+        'node: expected pve2, found pve3; on pve3 it is without its GPUs (it has no GPU 0 (it has none)); '
+        'pve2 would fit (GPU 0)'], found['containers']['train-c2']
+    repair = run_playbook(open(DRIFT).read(), tmp_path, inventory=CLUSTER)
+    assert repair.rc == 0, repair.failures() or repair.stdout[-3000:]
+    summary = json.loads((tmp_path / 'reports' / 'summary.json').read_text())
+    assert summary['verdict'] == 'verified 3 of 3 container(s)'
+    assert dict((r['host'], r['node']) for r in summary['containers'])['train-c2'] == 'pve2'
+
 
 def test_a_cluster_half_upgraded_passes_each_nodes_gpus_the_way_that_node_can_take_them(cluster, control, tmp_path):
     """pve2 still runs PVE 8.0, which has no devN (its API refuses dev0 as PVE::JSONSchema does), while pve1 runs

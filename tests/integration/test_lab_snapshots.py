@@ -281,3 +281,88 @@ def test_a_driver_change_that_fails_is_rolled_back_to_the_snapshot_taken_before_
             'rolled back to {0} and started; verified again: ok'.format(snaps[0])), words
     finally:
         pve.cleanup()
+
+
+def test_a_change_of_a_container_pve_cannot_snapshot_is_refused_unless_the_operator_says_so(lab, creds, node_ssh,
+                                                                                              tmp_path):
+    """A host-path mount point of the operator's own: the container's venv switch is refused, saying why and how to
+    go on, and the rest of the run is not; with gpu_container_snapshot_optional the switch is made without one."""
+    import shutil
+    from conftest import ROOT, Pve, _api, site
+    from test_gpu_container_role import entry
+    pve = Pve(_api(creds, user='root@pam', password=creds['api_password']), creds['node'])
+    pve.made.append(959)
+    share = os.path.join(lab.root, 'share-snap')
+    os.makedirs(share, exist_ok=True)
+    base = os.path.join(ROOT, 'roles', 'torch_venv', 'files', 'profiles', 'cpu')
+    newer = tmp_path / 'newer'
+    newer.mkdir()
+    for f in ('pyproject.toml', 'profile.yml'):
+        shutil.copy(os.path.join(base, f), str(newer / f))
+    (newer / 'requirements.lock').write_text(open(os.path.join(base, 'requirements.lock')).read() + '# newer\n')
+    mounts = {'mp0': '{0},mp=/share'.format(share)}
+
+    def link():
+        return node_ssh('pct exec 959 -- readlink /root/venv').stdout.strip()
+
+    try:
+        made = site(tmp_path, [entry(959, 'roll-e', [0], mounts=mounts)], venv=True)
+        assert made.rc == 0, made.failures() or made.stdout[-3000:]
+        before = link()
+        fleet = [entry(959, 'roll-e', [0], mounts=mounts, venv_profile=str(newer))]
+        refused = site(tmp_path, fleet, venv=True)
+        assert refused.rc != 0 and link() == before
+        (said,) = [t for t in refused.tasks('roll-e') if 'Say that the change is refused' in t['task']]
+        assert ("CT 959: its change (the switch of its venv) was not made, since PVE cannot snapshot it first: CT 959 "
+                "cannot be snapshotted: its mount point mp0 ({0}) is a host path".format(share)) in said['msg'], said
+        assert 'gpu_container_snapshot_optional=true makes it without a snapshot' in said['msg']
+        summary = json.load(open(str(tmp_path / 'reports' / 'summary.json')))
+        (row,) = [r for r in summary['containers'] if r['vmid'] == 959]
+        assert row['state'] == 'failed' and 'its change was refused: PVE cannot snapshot it first' in row['why'], row
+        assert 'gpu_container_snapshot_optional=true makes it without one' in row['why']
+        made = site(tmp_path, fleet, '-e', 'gpu_container_snapshot_optional=true', venv=True)
+        assert made.rc == 0, made.failures() or made.stdout[-3000:]
+        assert link() != before and [s['name'] for s in pve.ct(959).snapshot.get()] == ['current']
+    finally:
+        pve.cleanup()
+
+
+def test_a_config_change_that_needs_a_restart_is_snapshotted_before_the_restart(lab, creds, tmp_path):
+    """nameserver waits in pending on a running container: with restart_on_pending the run snapshots it before it
+    writes the change and restarts it (check mode names the snapshot); one PVE cannot snapshot (a host-path mount
+    point) gets the change written but is not restarted into it, saying why."""
+    from conftest import Pve, _api, site
+    from test_gpu_container_role import entry
+    pve = Pve(_api(creds, user='root@pam', password=creds['api_password']), creds['node'])
+    pve.made.extend([961, 962])
+    share = os.path.join(lab.root, 'share-snap')
+    os.makedirs(share, exist_ok=True)
+    first = [entry(961, 'cfg-a', []), entry(962, 'cfg-b', [], mounts={'mp0': '{0},mp=/share'.format(share)})]
+    try:
+        made = site(tmp_path, first)
+        assert made.rc == 0, made.failures() or made.stdout[-3000:]
+        changed = [dict(e, nameserver='10.77.0.1', restart_on_pending=True) for e in first]
+
+        def told(result):
+            (task,) = [t for t in result.tasks('pve1') if 'Say which containers are snapshotted before the restart'
+                       in t['task']]
+            return json.dumps(task)
+        check = site(tmp_path, changed, '--check')
+        assert check.rc == 0, check.failures()
+        assert 'CT 961 on pve1: would be snapshotted as gpufleet-' in told(check)
+        assert [s['name'] for s in pve.ct(961).snapshot.get()] == ['current']
+        run = site(tmp_path, changed)
+        assert run.rc == 0, run.failures() or run.stdout[-3000:]
+        snaps = [s for s in pve.ct(961).snapshot.get() if s['name'] != 'current']
+        assert len(snaps) == 1 and snaps[0]['name'].startswith('gpufleet-'), snaps
+        assert 'before a config change that needs a restart (nameserver)' in snaps[0]['description']
+        assert pve.ct(961).config.get()['nameserver'] == '10.77.0.1' and pve.status(961) == 'running'
+        # the snapshot holds the config from before the change
+        assert 'nameserver' not in pve.ct(961).snapshot(snaps[0]['name']).config.get()
+        # cfg-b: written, not restarted into, said
+        assert ('CT 962 on pve1: not restarted into its config change: PVE cannot snapshot it first: its mount '
+                'point mp0 ({0}) is a host path').format(share) in told(run), told(run)
+        assert [p['key'] for p in pve.ct(962).pending.get() if 'pending' in p] == ['nameserver']
+        assert [s['name'] for s in pve.ct(962).snapshot.get()] == ['current']
+    finally:
+        pve.cleanup()

@@ -62,7 +62,7 @@ def test_checks_across_entries_follow_the_value_they_concern():
         '(set gpu_container_gpu_sharing: true to share GPUs)',
         'containers[1] (vmid 200).gpus: node gpu01 has no GPU 7 (it has [0, 1, 2, 3])',
         'containers[2] (vmid 201).node: pve9 is not a node of the inventory (pve_nodes: gpu01, nogpu, util01)',
-        'containers[3] (vmid 202).gpus: node util01 has no GPU 0 (it has none)',
+        'containers[3] (vmid 202).gpus: node util01 has no GPU 0 (it has none); gpu01 would fit (GPU 0)',
         'containers[4] (vmid 203).gpus: lists a GPU twice: [2, 2]',
         'containers[5] must be a dict, got str',
     ]
