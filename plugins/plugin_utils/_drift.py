@@ -54,16 +54,16 @@ def _named(key, config):
 
 
 def unfit(found, indexes):
-    """Why a node (found: its gpu_devices facts) cannot give a container these GPU indexes, or None where it can: no
-    NVIDIA driver loaded, or GPUs it does not have."""
+    """Why a node (found: its gpu_devices facts) cannot give a container these GPU indexes, or None where it can: GPUs
+    it does not have, or no NVIDIA driver loaded."""
     found = found or {}
-    if not found.get('driver_version'):
-        return 'no NVIDIA driver is loaded there'
     have = sorted(g.get('index') for g in found.get('gpus') or [] if g.get('index') is not None)
     lacking = [i for i in indexes if i not in have]
     if lacking:
         return 'it has no GPU {0} (it has {1})'.format(
             ', '.join(str(i) for i in lacking), ', '.join(str(i) for i in have) or 'none')
+    if not found.get('driver_version'):
+        return 'no NVIDIA driver is loaded there'
     return None
 
 

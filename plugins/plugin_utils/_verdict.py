@@ -288,7 +288,7 @@ def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachabl
                 why = NOT_VERIFIED['limited']
         why = (why or NOT_VERIFIED[state]).format(vmid=vmid, node=node, status=status, limit=limit, group=group)
         expected = declared != 'stopped' or state == 'missing'
-        rows.append({'host': host, 'node': node, 'vmid': vmid, 'profile': entry.get('profile'), 'state': state,
+        rows.append({'host': host, 'node': node, 'vmid': vmid, 'profile': entry.get('venv_profile'), 'state': state,
                      'ok': False if expected else None, 'expected': expected, 'why': why,
                      'failures': [why] if expected else [], 'gpus': given(vmid, entry)})
     rows.extend(dict(row(r), expected=True, gpus=given(r.get('vmid'), None)) for h, r in sorted(by_host.items())

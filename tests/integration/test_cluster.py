@@ -380,8 +380,11 @@ def test_a_container_found_on_another_node_is_drift_and_a_repair_moves_it_back(c
     # the fleet's own bind mounts (uv cache, wheelhouse) are marked shared=1, so PVE lets it move
     pve.ok(on(cluster, 'pve3').lxc(223).migrate.post(target='pve1', restart=1))
 
+    def where_is(vmid):
+        return dict((r['vmid'], r['node']) for r in pve.api.cluster.resources.get(type='vm'))[vmid]
+
     def where():
-        return dict((r['vmid'], r['node']) for r in pve.api.cluster.resources.get(type='vm'))[223]
+        return where_is(223)
 
     def node_items():
         found = json.loads((tmp_path / 'reports' / 'drift' / 'summary.json').read_text())
@@ -414,17 +417,29 @@ def test_a_container_found_on_another_node_is_drift_and_a_repair_moves_it_back(c
 
     # a GPU container moved to the node without GPUs (as an HA recovery might): the finding says it is without its
     # GPUs there and which node would give them; a repair moves it back, where it is verified with its GPU
-    pve.ok(on(cluster, 'pve2').lxc(222).migrate.post(target='pve3', restart=1))
+    # (PVE moves it, then cannot start it there: its GPU's device node is missing; it stays there, stopped)
+    st, log = pve.wait(on(cluster, 'pve2').lxc(222).migrate.post(target='pve3', restart=1))
+    assert st['exitstatus'] == 'migration problems' and where_is(222) == 'pve3', (st, log)
     check = run_playbook(open(DRIFT).read(), tmp_path, '--check', inventory=CLUSTER)
     found = json.loads((tmp_path / 'reports' / 'drift' / 'summary.json').read_text())
     assert [i['detail'] for i in found['containers']['train-c2'] if i['item'] == 'node'] == [
         'node: expected pve2, found pve3; on pve3 it is without its GPUs (it has no GPU 0 (it has none)); '
-        'pve2 would fit (GPU 0)'], found['containers']['train-c2']
+        'pve2, pve1 would fit (GPU 0)'], found['containers']['train-c2']
     repair = run_playbook(open(DRIFT).read(), tmp_path, inventory=CLUSTER)
     assert repair.rc == 0, repair.failures() or repair.stdout[-3000:]
     summary = json.loads((tmp_path / 'reports' / 'summary.json').read_text())
     assert summary['verdict'] == 'verified 3 of 3 container(s)'
     assert dict((r['host'], r['node']) for r in summary['containers'])['train-c2'] == 'pve2'
+    # the fleet definition moving it to that node itself: refused before anything changes, naming the nodes that fit
+    # (the node, which has no driver loaded, is refused by gpu_node; where it had one, fleet_plan would refuse the GPU)
+    fleet = yaml.safe_load(open(os.path.join(CLUSTER, 'group_vars', 'all', 'fleet.yml')))['gpufleet_containers']
+    moved_vars = tmp_path / 'moved.json'
+    moved_vars.write_text(json.dumps({'gpufleet_containers': [dict(e, node='pve3') if e['vmid'] == 222 else e
+                                                              for e in fleet]}))
+    refused = run_playbook(open(SITE).read(), tmp_path, '-e', '@' + str(moved_vars), inventory=CLUSTER)
+    assert refused.rc != 0 and where_is(222) == 'pve2'
+    (why,) = [f for f in refused.failures() if 'Refuse a node without a loaded NVIDIA driver on pve3' in f]
+    assert why.endswith('Nodes of this run with a driver loaded, which could take them: pve1, pve2.'), why
 
 
 def test_a_cluster_half_upgraded_passes_each_nodes_gpus_the_way_that_node_can_take_them(cluster, control, tmp_path):

@@ -77,6 +77,43 @@ def test_a_host_path_mount_point_blocks_snapshots_and_a_raw_mount_entry_does_not
     assert [s['name'] for s in pve.ct(952).snapshot.get()] == ['one', 'current']
 
 
+
+def test_storage_that_cannot_snapshot_is_refused_and_the_lock_is_held_while_a_snapshot_runs(lab, pve, node_ssh):
+    """A rootfs on a dir storage (a raw image; pve-storage's DirPlugin has snapshots for qcow2 only): PVE
+    refuses the snapshot, as for a host path. And while a snapshot runs, the container's config holds the lock
+    `snapshot` (pve-guest-common AbstractConfig.pm snapshot_prepare sets it, snapshot_commit clears it)."""
+    import threading
+    pve.api.storage.post(storage='dirct', type='dir', path=os.path.join(lab.root, 'dirct'), content='rootdir')
+    try:
+        pve.create(963, hostname='on-dir', rootfs='dirct:4')
+        status, log = task(pve, pve.ct(963).snapshot.post(snapname='one'))
+        assert status == 'snapshot feature is not available', (status, log)
+        assert [s['name'] for s in pve.ct(963).snapshot.get()] == ['current']
+    finally:
+        pve.cleanup()
+        pve.api.storage('dirct').delete()
+    pve.create(964, hostname='slow-snap', rootfs='local-lvm:8')
+    pve.start(964)
+    # 1 GB written in the rootfs: the lab's snapshot copies it, long enough to be seen under its lock (the config is
+    # read from before the request until the task ends)
+    assert node_ssh('pct exec 964 -- sh -c "head -c 1000000000 /dev/urandom > /root/big"').returncode == 0
+    seen, done = [], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.append(pve.ct(964).config.get().get('lock'))
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        upid = pve.ct(964).snapshot.post(snapname='slow')
+        assert task(pve, upid)[0] == 'OK'
+    finally:
+        done.set()
+        watcher.join()
+    assert 'snapshot' in seen, sorted(set(map(str, seen)))
+    assert not pve.ct(964).config.get().get('lock')
+
+
 def test_every_container_site_yml_makes_can_be_snapshotted_and_rolled_back(lab, creds, node_ssh, tmp_path):
     """A GPU container (the node's driver bundle bound in) and a CPU one (the node's shares bound in), as site.yml
     makes them: no host-path mount point, the binds raw lines; each is snapshotted through the API, changed, and

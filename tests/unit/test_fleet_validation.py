@@ -1,8 +1,10 @@
 """_fleet.errors: the exact sentences and their order (users and the role's messages depend on the wording)."""
 
+import os
+
 import pytest
 
-from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _fleet
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _fleet, _verdict
 
 NODES = {'gpu01': [0, 1, 2, 3], 'util01': [], 'nogpu': None}
 KNOWN = ('vmid, hostname, node, gpus, cores, memory, swap, rootfs, net, template, storage, unprivileged, features, '
@@ -175,3 +177,29 @@ def test_a_host_path_mount_point_is_refused_before_pve_refuses_a_token():
     _fleet.Fleet(fleet, nodes).check('9.1.1', root=True)
     plan = _fleet.Fleet(fleet, nodes).plan('9.1.1')
     assert plan['snapshots'][200].startswith('its mount point mp0 (/srv/data) is a host path')
+
+
+def test_every_key_the_controller_reads_of_a_fleet_entry_is_one_an_entry_can_have():
+    """A fleet entry is read as `entry` (and `e`, `planned.entry`) wherever the controller's code reads one: each key
+    read so is one of ENTRY_KEYS, so that a key no entry carries (the profile read as `profile` where the entry says
+    `venv_profile`) fails here instead of reading None for ever."""
+    import glob
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    files = [p for pattern in ('plugins/plugin_utils/*.py', 'plugins/action/*.py', 'src/gpufleet/cli/*.py')
+             for p in glob.glob(os.path.join(root, pattern))]
+    read = re.compile(r"\bentry(?:\.get\(|\[)'([a-z_]+)'")
+    seen = {}
+    for path in files:
+        with open(path) as fh:
+            for key in read.findall(fh.read()):
+                seen.setdefault(key, set()).add(os.path.basename(path))
+    assert len(seen) > 8  # the scan finds them
+    unknown = dict((k, sorted(v)) for k, v in seen.items() if k not in _fleet.ENTRY_KEYS)
+    assert unknown == {}
+
+
+def test_an_unverified_containers_row_names_its_entrys_venv_profile():
+    verdict = _verdict.fleet([], [{'hostname': 'a', 'vmid': 1, 'node': 'pve1', 'venv_profile': 'cpu'}],
+                             {'containers': [{'vmid': 1, 'node': 'pve1', 'status': 'stopped'}]})
+    assert verdict['containers'][0]['profile'] == 'cpu' and verdict['containers'][0]['state'] == 'stopped'

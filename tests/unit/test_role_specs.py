@@ -24,3 +24,38 @@ def test_argument_specs_match_defaults(role):
         if '{{' in repr(value):
             continue  # computed from other variables: documented, not repeated
         assert 'default' in spec and spec['default'] == value, name
+
+
+def role_uses():
+    """(file, role, tasks_from) of every include_role/import_role with tasks_from in the playbooks, the roles and the
+    molecule scenarios, read as YAML (tasks, blocks and plays walked)."""
+    found = []
+
+    def walk(node, path):
+        if isinstance(node, list):
+            for item in node:
+                walk(item, path)
+        elif isinstance(node, dict):
+            for key in ('ansible.builtin.include_role', 'ansible.builtin.import_role', 'include_role', 'import_role'):
+                call = node.get(key)
+                if isinstance(call, dict) and call.get('tasks_from'):
+                    found.append((os.path.relpath(path, ROOT), call['name'].split('.')[-1], call['tasks_from']))
+            for value in node.values():
+                walk(value, path)
+    for pattern in ('playbooks/*.yml', 'site.yml', 'roles/*/tasks/*.yml', 'molecule/*/*.yml'):
+        for path in sorted(glob.glob(os.path.join(ROOT, pattern))):
+            with open(path) as fh:
+                walk(yaml.safe_load(fh), path)
+    return found
+
+
+def test_every_entry_point_a_playbook_or_role_uses_has_an_argument_spec():
+    uses = role_uses()
+    assert len(uses) > 20  # the walk finds them (site.yml alone has seven)
+    missing = []
+    for path, role, entry in uses:
+        with open(os.path.join(ROOT, 'roles', role, 'meta', 'argument_specs.yml')) as fh:
+            specs = yaml.safe_load(fh)['argument_specs']
+        if os.path.splitext(entry)[0] not in specs:
+            missing.append('{0}: {1} tasks_from {2}'.format(path, role, entry))
+    assert missing == []
