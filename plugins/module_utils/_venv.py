@@ -879,8 +879,9 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
     starting += activate_findings(venv)
     startup = startup_files(site, owners)
     failures = failed_imports(venv, mode, imports, env, timeout) if python['starts'] else []
-    plan = repair_plan(venv, dists, broken, drift, locked, owners, installer, list(install_args), overrides, uv,
-                       collisions.winners, collisions.restore(), absent)
+    plan = repair_plan(venv, dists, broken, drift, locked, owners, installer=installer,
+                       install_args=list(install_args), overrides=overrides, uv=uv, winners=collisions.winners,
+                       restore=collisions.restore(), absent=absent)
     if startup:  # moved aside, not deleted: what someone put there is kept in the venv for them to read
         aside = os.path.join(venv, SET_ASIDE)
         plan = [['mkdir', '-p', aside]] + [['mv', '-f', '--', os.path.join(site, f['path']), aside + '/']
@@ -926,7 +927,7 @@ def import_failures(python, imports, env=None, timeout=600):
     return failed
 
 
-def repair_plan(venv, dists, broken, drift, locked, owners, installer, install_args, overrides, uv, winners=None,
+def repair_plan(venv, dists, broken, drift, locked, owners, *, installer, install_args, overrides, uv, winners=None,
                 restore=(), absent=()):
     """argv lists, in a safe order: removals (and, with uv, the distributions to reinstall, so that their install
     comes from the cache: uv's --reinstall-package would fetch them again), then everything their removal would
