@@ -767,3 +767,28 @@ def test_a_gpu_container_moved_behind_the_fleets_back_says_whether_its_node_give
     assert _drift.moved(5, 'pve2', 'pve1', [0], devices, 'cannot migrate local bind mount point \'mp0\'') == (
         "node: expected pve2, found pve1; pve2 would fit (GPU 0) (PVE cannot move it back: cannot migrate local bind "
         "mount point 'mp0')")
+
+
+def test_a_running_container_is_destroyed_only_with_force():
+    from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc as lxc
+    rec = lxc.Reconciler(client=None)
+
+    def plan(status, force):
+        return {'vmid': 301, 'node': 'pve1', 'exists': True, 'status': status, 'spec': {'force': force},
+                'res': {'diff': {'before': {}, 'after': {}}}}
+    with pytest.raises(lxc.SpecError, match='vmid 301 is running on pve1: state absent destroys it only with force'):
+        rec._plan_absent(plan('running', False))
+    assert rec._plan_absent(plan('running', True))['destroy'] is True
+    assert rec._plan_absent(plan('stopped', False))['destroy'] is True
+
+
+def test_each_expectation_of_torch_is_compared_exactly():
+    from ansible_collections.gpufleet.proxmox.plugins.module_utils import _torch_probe
+    params = {'expect_torch_version': '2.11.0+cu128', 'expect_cuda_version': '12.8', 'expect_device_count': 2,
+              'expect_cudnn_version': None}
+    assert _torch_probe.expectations(params) == [('torch_version', '2.11.0+cu128', 'torch_version'),
+                                                 ('cuda_version', '12.8', 'cuda_version'),
+                                                 ('device_count', 2, 'device_count')]
+    assert _torch_probe.same('2.11.0+cu128', '2.11.0+cu128') and _torch_probe.same(2, '2')
+    for wrong in ('2.11.0+cu130', '2.11.0', '2.11.1+cu128', None):
+        assert not _torch_probe.same('2.11.0+cu128', wrong), wrong
