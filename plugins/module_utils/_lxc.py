@@ -689,10 +689,15 @@ class Reconciler(object):
     def _plan_snapshot(self, plan):
         """A running container whose config change is made effective by a restart here: a snapshot first (its name
         in the result; in check mode, the one that would be taken). Where PVE cannot snapshot it (_snapshot.refusal),
-        the change is written but not restarted into, unless the snapshot is optional; the result says why."""
+        the change is written but not restarted into, unless the snapshot is optional; the result says why. One
+        whose entry asks for a host-path mount point has snapshots off (snapshot_off says why)."""
         res = plan['res']
         if not self.snapshots or plan['status'] != 'running' or plan['action'] != 'reboot' or not (
                 plan.get('sets') or plan.get('deletes') or res.get('pending')):
+            return
+        off = _snapshot.declared_off(plan['spec'].get('mounts'))
+        if off:  # the operator asked for what PVE cannot snapshot: restarted without one, said
+            res['snapshot_off'] = off
             return
         if self._storages is None:
             self._storages = dict((s['storage'], s.get('type')) for s in self.client.get('storage'))
@@ -926,7 +931,7 @@ def merge_earlier(results, earlier):
         res['changed'] = bool(res.get('changed') or was.get('changed'))
         res['changed_keys'] = sorted(set(res.get('changed_keys') or []) | set(was.get('changed_keys') or []))
         res['actions'] = list(was.get('actions') or []) + list(res.get('actions') or [])
-        for key in ('created', 'move_refused', 'snapshot', 'restart_refused'):
+        for key in ('created', 'move_refused', 'snapshot', 'restart_refused', 'snapshot_off'):
             if was.get(key) and not res.get(key):
                 res[key] = was[key]
         if res.get('power') not in ('start', 'reboot'):

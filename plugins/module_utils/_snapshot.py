@@ -76,6 +76,17 @@ def refusal(config, storages=None):
     return None
 
 
+def declared_off(mounts):
+    """Why snapshots are off for a container whose definition asks for a host-path mount point (mounts: its
+    entry's {mpN: value}), or None: the operator asked for what PVE cannot snapshot, so its changes are made
+    without one (the plan says so), where a storage that cannot snapshot refuses them unless the operator says."""
+    paths = host_paths(dict(mounts or {}))
+    if not paths:
+        return None
+    return 'its entry mounts a host path ({0}), which PVE cannot snapshot'.format(
+        ', '.join('{0} {1}'.format(k, _volume(mounts[k])) for k in paths))
+
+
 def spec_refusal(spec, storages=None):
     """refusal() of the container an lxc_container spec (a fleet plan's) makes: its own mount points and rootfs (the
     collection's binds are raw lines, which never stop a snapshot)."""

@@ -595,12 +595,14 @@ class Fleet(object):
 
     def hosts(self):
         """{vmid: what each container's inventory host carries}: its hostname and fleet entry, its GPUs (indexes),
-        and its node's gpu_devices entries for them."""
+        its node's gpu_devices entries for them, and snapshots_off (why its changes are made without a snapshot:
+        its entry asks for a host-path mount point, _snapshot.declared_off; or None)."""
         out = {}
         for entry in self.planned():
             gpus = self.gpus_of(entry)
             out[entry['vmid']] = {'hostname': entry['hostname'], 'entry': entry, 'gpus': gpus,
-                                  'gpu_info': [g for g in self.node(entry).get('gpus') or [] if g.get('index') in gpus]}
+                                  'gpu_info': [g for g in self.node(entry).get('gpus') or [] if g.get('index') in gpus],
+                                  'snapshots_off': _snapshot.declared_off(entry.get('mounts'))}
         return out
 
     def modes(self, pve=None):

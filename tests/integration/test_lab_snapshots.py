@@ -322,13 +322,14 @@ def test_a_driver_change_that_fails_is_rolled_back_to_the_snapshot_taken_before_
 
 def test_a_change_of_a_container_pve_cannot_snapshot_is_refused_unless_the_operator_says_so(lab, creds, node_ssh,
                                                                                               tmp_path):
-    """A host-path mount point of the operator's own: the container's venv switch is refused, saying why and how to
-    go on, and the rest of the run is not; with gpu_container_snapshot_optional the switch is made without one."""
+    """A rootfs on a dir storage, which cannot snapshot: the container's venv switch is refused, saying why and how
+    to go on, and the rest of the run is not; with gpu_container_snapshot_optional the switch is made without one.
+    A container whose entry asks for a host-path mount point has snapshots off: its switch is made without one."""
     import shutil
     from conftest import ROOT, Pve, _api, site
     from test_gpu_container_role import entry
     pve = Pve(_api(creds, user='root@pam', password=creds['api_password']), creds['node'])
-    pve.made.append(959)
+    pve.made.extend([959, 960])
     share = os.path.join(lab.root, 'share-snap')
     os.makedirs(share, exist_ok=True)
     base = os.path.join(ROOT, 'roles', 'torch_venv', 'files', 'profiles', 'cpu')
@@ -339,42 +340,50 @@ def test_a_change_of_a_container_pve_cannot_snapshot_is_refused_unless_the_opera
     (newer / 'requirements.lock').write_text(open(os.path.join(base, 'requirements.lock')).read() + '# newer\n')
     mounts = {'mp0': '{0},mp=/share'.format(share)}
 
-    def link():
-        return node_ssh('pct exec 959 -- readlink /root/venv').stdout.strip()
+    def link(vmid):
+        return node_ssh('pct exec {0} -- readlink /root/venv'.format(vmid)).stdout.strip()
 
+    pve.api.storage.post(storage='dirct', type='dir', path=os.path.join(lab.root, 'dirct'), content='rootdir')
     try:
-        made = site(tmp_path, [entry(959, 'roll-e', [0], mounts=mounts)], venv=True)
+        first = [entry(959, 'roll-e', [0], rootfs='dirct:8'), entry(960, 'roll-f', [], mounts=mounts)]
+        made = site(tmp_path, first, venv=True)
         assert made.rc == 0, made.failures() or made.stdout[-3000:]
-        before = link()
-        fleet = [entry(959, 'roll-e', [0], mounts=mounts, venv_profile=str(newer))]
+        before = dict((v, link(v)) for v in (959, 960))
+        fleet = [dict(e, venv_profile=str(newer)) for e in first]
         refused = site(tmp_path, fleet, venv=True)
-        assert refused.rc != 0 and link() == before
+        assert refused.rc != 0 and link(959) == before[959]
         (said,) = [t for t in refused.tasks('roll-e') if 'Say that the change is refused' in t['task']]
         assert ("CT 959: its change (the switch of its venv) was not made, since PVE cannot snapshot it first: CT 959 "
-                "cannot be snapshotted: its mount point mp0 ({0}) is a host path".format(share)) in said['msg'], said
+                "cannot be snapshotted: rootfs is on storage dirct (dir)") in said['msg'], said
         assert 'gpu_container_snapshot_optional=true makes it without a snapshot' in said['msg']
         summary = json.load(open(str(tmp_path / 'reports' / 'summary.json')))
-        (row,) = [r for r in summary['containers'] if r['vmid'] == 959]
-        assert row['state'] == 'failed' and 'its change was refused: PVE cannot snapshot it first' in row['why'], row
-        assert 'gpu_container_snapshot_optional=true makes it without one' in row['why']
+        rows = dict((r['vmid'], r) for r in summary['containers'])
+        assert rows[959]['state'] == 'failed' and 'its change was refused: PVE cannot snapshot it first' in \
+            rows[959]['why'] and 'gpu_container_snapshot_optional=true makes it without one' in rows[959]['why']
+        # roll-f: snapshots off (its own host-path mount point): switched without one, verified
+        assert rows[960]['state'] == 'verified' and link(960) != before[960], rows[960]
+        assert [s['name'] for s in pve.ct(960).snapshot.get()] == ['current']
         made = site(tmp_path, fleet, '-e', 'gpu_container_snapshot_optional=true', venv=True)
         assert made.rc == 0, made.failures() or made.stdout[-3000:]
-        assert link() != before and [s['name'] for s in pve.ct(959).snapshot.get()] == ['current']
+        assert link(959) != before[959] and [s['name'] for s in pve.ct(959).snapshot.get()] == ['current']
     finally:
         pve.cleanup()
-
+        pve.api.storage('dirct').delete()
 
 def test_a_config_change_that_needs_a_restart_is_snapshotted_before_the_restart(lab, creds, tmp_path):
     """nameserver waits in pending on a running container: with restart_on_pending the run snapshots it before it
-    writes the change and restarts it (check mode names the snapshot); one PVE cannot snapshot (a host-path mount
-    point) gets the change written but is not restarted into it, saying why."""
+    writes the change and restarts it (check mode names the snapshot); one on a storage that cannot snapshot gets
+    the change written but is not restarted into it, saying why; one whose entry asks for a host-path mount point
+    has snapshots off, and is restarted without one."""
     from conftest import Pve, _api, site
     from test_gpu_container_role import entry
     pve = Pve(_api(creds, user='root@pam', password=creds['api_password']), creds['node'])
-    pve.made.extend([961, 962])
+    pve.made.extend([961, 962, 965])
     share = os.path.join(lab.root, 'share-snap')
     os.makedirs(share, exist_ok=True)
-    first = [entry(961, 'cfg-a', []), entry(962, 'cfg-b', [], mounts={'mp0': '{0},mp=/share'.format(share)})]
+    first = [entry(961, 'cfg-a', []), entry(962, 'cfg-b', [], mounts={'mp0': '{0},mp=/share'.format(share)}),
+             entry(965, 'cfg-c', [], rootfs='dirct:8')]
+    pve.api.storage.post(storage='dirct', type='dir', path=os.path.join(lab.root, 'dirct'), content='rootdir')
     try:
         made = site(tmp_path, first)
         assert made.rc == 0, made.failures() or made.stdout[-3000:]
@@ -396,10 +405,15 @@ def test_a_config_change_that_needs_a_restart_is_snapshotted_before_the_restart(
         assert pve.ct(961).config.get()['nameserver'] == '10.77.0.1' and pve.status(961) == 'running'
         # the snapshot holds the config from before the change
         assert 'nameserver' not in pve.ct(961).snapshot(snaps[0]['name']).config.get()
-        # cfg-b: written, not restarted into, said
-        assert ('CT 962 on pve1: not restarted into its config change: PVE cannot snapshot it first: its mount '
-                'point mp0 ({0}) is a host path').format(share) in told(run), told(run)
-        assert [p['key'] for p in pve.ct(962).pending.get() if 'pending' in p] == ['nameserver']
+        # cfg-b: its own host-path mount point turns snapshots off; restarted into the change without one
+        assert ('CT 962 on pve1: restarted into its config change without a snapshot: snapshots are off for it, as '
+                'its entry mounts a host path (mp0 {0})').format(share) in told(run), told(run)
+        assert pve.ct(962).config.get()['nameserver'] == '10.77.0.1'
         assert [s['name'] for s in pve.ct(962).snapshot.get()] == ['current']
+        # cfg-c: its rootfs on a storage that cannot snapshot: written, not restarted into, said
+        assert ('CT 965 on pve1: not restarted into its config change: PVE cannot snapshot it first: rootfs is on '
+                'storage dirct (dir)') in told(run), told(run)
+        assert [p['key'] for p in pve.ct(965).pending.get() if 'pending' in p] == ['nameserver']
     finally:
         pve.cleanup()
+        pve.api.storage('dirct').delete()
