@@ -387,6 +387,14 @@ def test_a_config_change_that_needs_a_restart_is_snapshotted_before_the_restart(
     try:
         made = site(tmp_path, first)
         assert made.rc == 0, made.failures() or made.stdout[-3000:]
+        # the plan says which containers PVE cannot snapshot, and what follows for each
+        (plan,) = [t for t in made.tasks('pve1') if 'Say which containers PVE cannot snapshot' in t['task']]
+        said = json.dumps(plan)
+        assert 'CT 962: PVE cannot snapshot it (its mount point mp0 ({0}) is a host path'.format(share) in said
+        assert 'snapshots are off for it, and its changes are made without one' in said
+        assert 'CT 965: PVE cannot snapshot it (rootfs is on storage dirct (dir)' in said
+        assert 'a change that needs a snapshot is refused (gpu_container_snapshot_optional=true' in said
+        assert 'CT 961' not in said
         changed = [dict(e, nameserver='10.77.0.1', restart_on_pending=True) for e in first]
 
         def told(result):
