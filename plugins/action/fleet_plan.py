@@ -97,14 +97,16 @@ class ActionModule(ControllerAction):
             root = fleet.root_login(api, check_mode)
             fleet.check(is_root_password=root or fleet.passthrough == 'auto', root=root)
             _lxc.validate(_lxc.container_specs({'containers': fleet.expand('devn')}))
-            versions = {}
+            versions, storages = {}, None
             if fleet.needs_version():
                 # each node's own version (a cluster being upgraded runs several), one request a node
                 client = _pve.PveClient(connection(api), read_only=check_mode)
                 fleet.check_cluster(client.nodes())
                 versions = dict((node, client.node_version(node).get('version')) for node in fleet.version_nodes())
                 fleet.check(versions, root, root=root)
-            plan = fleet.plan(versions, bool(self._task.check_mode))
+                # and, in the same session, the storages' types: which containers PVE cannot snapshot for them
+                storages = dict((s['storage'], s.get('type')) for s in client.get('storage'))
+            plan = fleet.plan(versions, bool(self._task.check_mode), storages)
         except (_fleet.FleetError, _lxc.SpecError) as e:
             raise AnsibleActionFail(str(e))
         except _pve.PveError as e:

@@ -618,12 +618,13 @@ class Fleet(object):
                 out[node] = 'devn' if node not in needs or pve_version(per_node(pve, node)) >= DEVN_SINCE else 'raw'
         return out
 
-    def plan(self, pve=None, check_mode=False):
+    def plan(self, pve=None, check_mode=False, storages=None):
         """{passthrough, passthrough_nodes, wanted, containers, raw, raw_owned, hosts}: passthrough is devn or raw
         where every planned node has the same mode, else mixed; passthrough_nodes the mode of each node. Outside
         check mode, the containers that get raw lines are reconciled present first, for their raw lines to be
         written before they start; raw: {node: {vmid: lines}} (see raw, raw_owned); hosts: {vmid: inventory host}
-        (see hosts())."""
+        (see hosts()); snapshots: {vmid: why PVE cannot snapshot it, or None} (storages: {id: type}, where the API
+        was read)."""
         modes = self.modes(pve)
         wanted = self.expand(modes)
         raw = self.raw(modes)
@@ -633,7 +634,7 @@ class Fleet(object):
         summary = kinds.pop() if len(kinds) == 1 else ('mixed' if kinds else (
             self.passthrough if self.passthrough != 'auto' else 'devn'))
         return {'passthrough': summary, 'passthrough_nodes': modes, 'wanted': wanted, 'containers': first,
-                'raw': raw, 'raw_owned': self.raw_owned(), 'snapshots': self.snapshots(wanted),
+                'raw': raw, 'raw_owned': self.raw_owned(), 'snapshots': self.snapshots(wanted, storages),
                 'hosts': self.hosts(), 'venv_pythons': self.venv_pythons(),
                 'vmids': sorted(e['vmid'] for e in self.containers if isinstance(e, dict) and 'vmid' in e)}
 

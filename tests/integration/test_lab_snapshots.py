@@ -381,7 +381,7 @@ def test_a_config_change_that_needs_a_restart_is_snapshotted_before_the_restart(
     pve.made.extend([961, 962, 965])
     share = os.path.join(lab.root, 'share-snap')
     os.makedirs(share, exist_ok=True)
-    first = [entry(961, 'cfg-a', []), entry(962, 'cfg-b', [], mounts={'mp0': '{0},mp=/share'.format(share)}),
+    first = [entry(961, 'cfg-a', [0]), entry(962, 'cfg-b', [], mounts={'mp0': '{0},mp=/share'.format(share)}),
              entry(965, 'cfg-c', [], rootfs='dirct:8')]
     pve.api.storage.post(storage='dirct', type='dir', path=os.path.join(lab.root, 'dirct'), content='rootdir')
     try:
