@@ -223,5 +223,6 @@ def rollback(node, old, new, method, packages=None, stopped=()):
         back = 'sh NVIDIA-Linux-x86_64-{0}.run --silent --dkms'.format(old)
     cts = ' '.join(str(v) for v in stopped)
     return ('{0} is left as the failed step left it, its GPU containers ({1}) stopped. To go back to {2}: {3}, '
-            'reboot the node, then run site.yml (it starts and verifies them). To go on with {4}: mend what failed '
-            'and run the upgrade again').format(node, cts or 'none', old, back, new)
+            'reboot the node, then run site.yml (it starts and verifies them; each container was snapshotted before '
+            'it stopped, where PVE could: gpufleet rollback CT puts one back as it was). To go on with {4}: mend what '
+            'failed and run the upgrade again').format(node, cts or 'none', old, back, new)

@@ -140,6 +140,11 @@ def test_a_driver_upgrade_is_planned_refused_rolled_stopped_at_a_failing_node_an
             'libcuda1=570.172.08-1 libnvidia-ml1=570.172.08-1 nvidia-driver=570.172.08-1 '
             'nvidia-kernel-dkms=570.172.08-1, reboot the node') in why
     assert status(cluster, 'pve2', 222) == 'stopped' and loaded(cluster, 'pve2') == OLD['pve2']
+    # snapshotted before it stopped: after going back to the old driver, gpufleet rollback puts it back as it was
+    snaps = [x for x in on(cluster, 'pve2').lxc(222).snapshot.get() if x['name'].startswith('gpufleet-')]
+    assert len(snaps) == 1 and snaps[0]['description'].strip() == (
+        'gpufleet: before the NVIDIA driver of pve2 moved from 570.172.08 to 580.105.08'), snaps
+    assert 'each container was snapshotted before it stopped, where PVE could: gpufleet rollback CT' in why
     assert smi(cluster, 'pve2')[0] == 18  # its userspace is the new one: NVML says "Driver/library version mismatch"
     assert status(cluster, 'pve1', 221) == 'running' and loaded(cluster, 'pve1') == OLD['pve1']
     assert host.read_dpkg(lab.on('pve1')) == packages['pve1']
