@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Action for gpufleet.proxmox.driver_upgrade_plan: each GPU container's venv profile read with the venv_profile
 lookup (the one torch_venv builds from) and its driver floor taken from its lock (plugin_utils _profile), the plan
-made by module_utils _nvidia_upgrade."""
+made by plugin_utils _nvidia_upgrade."""
 
 
 import os
@@ -11,7 +11,7 @@ import os
 from ansible.errors import AnsibleActionFail, AnsibleLookupError
 from ansible.plugins.loader import lookup_loader
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_upgrade
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _nvidia_upgrade
 from ansible_collections.gpufleet.proxmox.plugins.modules.driver_upgrade_plan import ARGUMENT_SPEC
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _profile
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils._action import ControllerAction

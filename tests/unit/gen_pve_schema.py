@@ -2,8 +2,8 @@
 
     python tests/unit/gen_pve_schema.py [SCHEMA_JSON] > plugins/module_utils/_pve_schema.py
 
-SCHEMA_JSON is the API schema as pve-docs' api-viewer publishes it (apidata.js as JSON), by default
-../shared/pve-api/pve-9.1-lxc-api.json beside this checkout. The table keeps, for each container option that
+SCHEMA_JSON is the API schema as pve-docs' api-viewer publishes it (apidata.js as JSON), by default its LXC paths
+kept in tests/unit/data/pve-9.1-lxc-api.json (PVE 9.1's, as published). The table keeps, for each container option that
 lxc_container sends (the parameters of POST /nodes/{node}/lxc), what PVE's parameter check looks at: type,
 minimum, maximum, pattern, enum, maxLength, format (a named format, or the keys of a property string) and
 whether it is optional; descriptions are left out. tests/unit/test_pve_schema.py checks that the committed
@@ -16,7 +16,7 @@ import sys
 import textwrap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT = os.path.join(HERE, '..', '..', '..', 'shared', 'pve-api', 'pve-9.1-lxc-api.json')
+DEFAULT = os.path.join(HERE, 'data', 'pve-9.1-lxc-api.json')
 # The parameters of POST /nodes/{node}/lxc (and PUT .../config) that lxc_container sends.
 KEYS = ('vmid', 'node', 'hostname', 'ostemplate', 'storage', 'rootfs', 'cores', 'memory', 'swap', 'net[n]',
         'features', 'unprivileged', 'onboot', 'tags', 'description', 'nameserver', 'searchdomain',

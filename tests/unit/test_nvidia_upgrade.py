@@ -1,9 +1,9 @@
-"""A node's driver upgrade planned (module_utils _nvidia_upgrade): whether it is needed, the steps, and a driver
+"""A node's driver upgrade planned (plugin_utils _nvidia_upgrade): whether it is needed, the steps, and a driver
 refused below the floor of a container's venv profile."""
 
 import pytest
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_upgrade as nu
+from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _nvidia_upgrade as nu
 
 RUNNING, NEXT = '6.14.11-4-pve', '6.17.2-1-pve'
 
