@@ -63,18 +63,11 @@ class SpecError(Exception):
 
 # -- property strings ------------------------------------------------------------------
 def parse_props(text, default_key=None):
-    out = {}
-    for part in str(text).split(','):
-        part = part.strip()
-        if not part:
-            continue
-        key, eq, value = part.partition('=')
-        if not eq:
-            if default_key is None:
-                raise SpecError('cannot parse {0!r}: {1!r} has no key'.format(text, part))
-            key, value = default_key, part
-        out[key.strip()] = value.strip()
-    return out
+    """A property string as a dict, split as PVE splits it (_pvecheck.property_pairs; a key given twice: the last)."""
+    try:
+        return dict(_pvecheck.property_pairs(text, default_key))
+    except ValueError as e:
+        raise SpecError('cannot parse {0!r}: {1}'.format(text, e))
 
 
 def format_props(props, default_key=None):

@@ -160,20 +160,36 @@ def value_problem(schema, value):
     return None
 
 
+def property_pairs(text, default_key=None):
+    """The (key, value) pairs of a property string as PVE's parse_property_string splits it (pve-common
+    src/PVE/JSONSchema.pm): comma-separated parts, blank ones skipped; key=value where both are non-empty (nothing
+    stripped); a part without '=' the value of the default key; anything else refused. The one reading of PVE's
+    property strings in the collection. Raises ValueError with what is wrong."""
+    pairs = []
+    for part in str(text).split(','):
+        if re.match(r'^\s*$', part):
+            continue
+        m = re.match(r'^([^=]+)=(.+)$', part)
+        if m:
+            pairs.append((m.group(1), m.group(2)))
+        elif '=' not in part and default_key is not None:
+            pairs.append((default_key, part))
+        elif '=' not in part:
+            raise ValueError('{0!r} has no key (key=value)'.format(part))
+        else:
+            raise ValueError('{0!r} has no key or no value (key=value)'.format(part))
+    return pairs
+
+
 def props_problem(fmt, text):
     """Why a property string does not parse as PVE's parse_property_string would, or None."""
     default_key = next((k for k, v in fmt.items() if v.get('default_key')), None)
     seen = {}
-    for part in text.split(','):
-        if not part:
-            continue
-        m = re.match(r'^([^=]+)=(.+)$', part)
-        if m:
-            key, value = m.group(1), m.group(2)
-        elif default_key is not None:
-            key, value = default_key, part
-        else:
-            return '{0!r} has no key (key=value)'.format(part)
+    try:
+        pairs = property_pairs(text, default_key)
+    except ValueError as e:
+        return str(e)
+    for key, value in pairs:
         if key not in fmt:
             return 'unknown key {0!r} in {1!r} (known: {2})'.format(key, text, ', '.join(sorted(fmt)))
         if key in seen:

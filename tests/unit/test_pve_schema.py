@@ -150,3 +150,20 @@ def test_fleet_and_lxc_container_keep_one_set_of_rules():
         'containers[0] (vmid 200).cores: must be a whole number from 1 to 8192, got 9000']
     assert _fleet.errors([dict(entry, hostname='a', devices=['/dev/nvidia0'])], nodes)[0].startswith(
         'containers[0] (vmid 200).devices: must be a list of dicts with a path')
+
+
+def test_one_reading_of_a_property_string_as_pve_splits_it():
+    """pve-common JSONSchema.pm parse_property_string: blank parts skipped, key=value with both non-empty and
+    nothing stripped, a bare part the default key's value, `key=` refused; _lxc and the schema check read alike."""
+    assert _pvecheck.property_pairs('local-lvm:8,mp=/data,,backup=1', 'volume') == [
+        ('volume', 'local-lvm:8'), ('mp', '/data'), ('backup', '1')]
+    assert _pvecheck.property_pairs('name=eth0, bridge=vmbr0') == [('name', 'eth0'), (' bridge', 'vmbr0')]
+    for bad, words in (('name=eth0,bridge=', "'bridge=' has no key or no value"), ('eth0', "'eth0' has no key"),
+                       ('=x', "'=x' has no key or no value")):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            _pvecheck.property_pairs(bad)
+        with pytest.raises(_lxc.SpecError, match=re.escape(words)):
+            _lxc.parse_props(bad)
+    assert _lxc.parse_props('local-lvm:8,mp=/data', 'volume') == {'volume': 'local-lvm:8', 'mp': '/data'}
+    net = _pve_schema.PROPERTIES['net']['format']
+    assert "'bridge=' has no key or no value" in _pvecheck.props_problem(net, 'name=eth0,bridge=')
