@@ -688,8 +688,10 @@ class Reconciler(object):
         if not self.snapshots or plan['status'] != 'running' or plan['action'] != 'reboot' or not (
                 plan.get('sets') or plan.get('deletes') or res.get('pending')):
             return
-        off = _snapshot.declared_off(plan['spec'].get('mounts'))
-        if off:  # the operator asked for what PVE cannot snapshot: restarted without one, said
+        current = plan['current']
+        off = _snapshot.declared_off(plan['spec'].get('mounts')) or _snapshot.declared_off(
+            dict((k, current[k]) for k in _snapshot.host_paths(current)))
+        if off:  # a host-path mount point, the operator's (kept, or being removed): restarted without one, said
             res['snapshot_off'] = off
             return
         if self._storages is None:

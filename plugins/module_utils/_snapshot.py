@@ -25,6 +25,15 @@ SNAPSHOT_STORAGE = ('lvmthin', 'zfspool', 'rbd', 'btrfs')
 MOUNT_KEY = re.compile(r'^(rootfs|mp\d+)$')
 
 
+class Refused(ValueError):
+    """PVE cannot snapshot the container: kind is host_path (a mount point of its own that is a host path: the
+    operator's choice, with which its snapshots are off) or storage (a volume on a storage that cannot snapshot)."""
+
+    def __init__(self, msg, kind):
+        super(Refused, self).__init__(msg)
+        self.kind = kind
+
+
 def name_at(when=None):
     """The name of a snapshot the collection takes at when (seconds since the epoch; now by default)."""
     return time.strftime('gpufleet-%Y%m%d-%H%M%S', time.gmtime(time.time() if when is None else when))
@@ -83,7 +92,7 @@ def declared_off(mounts):
     paths = host_paths(dict(mounts or {}))
     if not paths:
         return None
-    return 'its entry mounts a host path ({0}), which PVE cannot snapshot'.format(
+    return 'it mounts a host path ({0}), which PVE cannot snapshot'.format(
         ', '.join('{0} {1}'.format(k, _volume(mounts[k])) for k in paths))
 
 
@@ -121,7 +130,8 @@ def run(client, vmid, state='present', name=None, keep=0, start=True, descriptio
         storages = dict((s['storage'], s.get('type')) for s in client.get('storage'))
         why = refusal(config, storages)
         if why:
-            raise ValueError('CT {0} cannot be snapshotted: {1}'.format(vmid, why))
+            raise Refused('CT {0} cannot be snapshotted: {1}'.format(vmid, why),
+                          'host_path' if host_paths(config) else 'storage')
         res['name'] = name = name or name_at()
         if name in names:
             return res

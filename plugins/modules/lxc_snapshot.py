@@ -88,6 +88,12 @@ removed:
   returned: success
   type: list
   elements: str
+refused:
+  description:
+    - Where PVE cannot snapshot the container (the task fails), why - V(host_path) (a mount point of its own that is
+      a host path) or V(storage) (a volume on a storage that cannot snapshot).
+  returned: when refused
+  type: str
 snapshots:
   description: The container's snapshots after the run.
   returned: success
@@ -120,6 +126,8 @@ def main():
         client = _pve.PveClient(p, read_only=module.check_mode)
         result = _snapshot.run(client, p['vmid'], p['state'], p['name'], p['keep'], p['start'], p['description'],
                                module.check_mode, p['lock_timeout'])
+    except _snapshot.Refused as e:
+        module.fail_json(msg=str(e), refused=e.kind)
     except ValueError as e:
         module.fail_json(msg=str(e))
     except _pve.PveError as e:

@@ -415,7 +415,7 @@ def test_a_config_change_that_needs_a_restart_is_snapshotted_before_the_restart(
         assert 'nameserver' not in pve.ct(961).snapshot(snaps[0]['name']).config.get()
         # cfg-b: its own host-path mount point turns snapshots off; restarted into the change without one
         assert ('CT 962 on pve1: restarted into its config change without a snapshot: snapshots are off for it, as '
-                'its entry mounts a host path (mp0 {0})').format(share) in told(run), told(run)
+                'it mounts a host path (mp0 {0})').format(share) in told(run), told(run)
         assert pve.ct(962).config.get()['nameserver'] == '10.77.0.1'
         assert [s['name'] for s in pve.ct(962).snapshot.get()] == ['current']
         # cfg-c: its rootfs on a storage that cannot snapshot: written, not restarted into, said

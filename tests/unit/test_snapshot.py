@@ -42,6 +42,6 @@ def test_what_pve_cannot_snapshot_is_named():
 
 def test_snapshots_are_off_where_the_entry_itself_asks_for_a_host_path_mount_point():
     assert _snapshot.declared_off({'mp0': '/srv/data,mp=/data', 'mp1': 'local-lvm:4,mp=/scratch'}) == (
-        'its entry mounts a host path (mp0 /srv/data), which PVE cannot snapshot')
+        'it mounts a host path (mp0 /srv/data), which PVE cannot snapshot')
     assert _snapshot.declared_off({'mp0': 'local-lvm:4,mp=/scratch'}) is None
     assert _snapshot.declared_off(None) is None and _snapshot.declared_off({}) is None
