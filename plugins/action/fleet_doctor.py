@@ -5,7 +5,7 @@
 the inventory, each turned into rows by plugin_utils _doctor, and doctor.json written."""
 
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pve
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pve, _snapshot
 from ansible_collections.gpufleet.proxmox.plugins.modules.fleet_doctor import ARGUMENT_SPEC
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _doctor, _reports
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils._action import ControllerAction, host_var
@@ -90,7 +90,7 @@ class ActionModule(ControllerAction):
                     hostvars, node, 'gpu_container_doctor_templates', {}).get('results') or [])) for node in nodes)
                 rows.extend(self.new_containers(args['plan'], args['changes'], client, looked))
                 try:
-                    storages = dict((st['storage'], st.get('type')) for st in client.get('storage'))
+                    storages = _snapshot.storage_types(client)
                 except _pve.PveError:
                     storages = {}  # (a login without Datastore.Audit: the mount points are judged alone)
                 rows.extend(_doctor.snapshot_rows(args['plan'], storages))

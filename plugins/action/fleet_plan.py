@@ -9,7 +9,7 @@ through _pve only where the plan depends on it."""
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _pve, _pve_options
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _pve, _pve_options, _snapshot
 from ansible_collections.gpufleet.proxmox.plugins.modules.fleet_plan import ARGUMENT_SPEC
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _fleet, _profile
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils._action import ControllerAction, host_var
@@ -105,7 +105,7 @@ class ActionModule(ControllerAction):
                 versions = dict((node, client.node_version(node).get('version')) for node in fleet.version_nodes())
                 fleet.check(versions, root, root=root)
                 # and, in the same session, the storages' types: which containers PVE cannot snapshot for them
-                storages = dict((s['storage'], s.get('type')) for s in client.get('storage'))
+                storages = _snapshot.storage_types(client)
             plan = fleet.plan(versions, bool(self._task.check_mode), storages)
         except (_fleet.FleetError, _lxc.SpecError) as e:
             raise AnsibleActionFail(str(e))

@@ -695,7 +695,7 @@ class Reconciler(object):
             res['snapshot_off'] = off
             return
         if self._storages is None:
-            self._storages = dict((s['storage'], s.get('type')) for s in self.client.get('storage'))
+            self._storages = _snapshot.storage_types(self.client)
         why = _snapshot.refusal(plan['current'], self._storages)
         if why and not self.snapshots.get('optional'):
             plan['action'] = None

@@ -66,6 +66,12 @@ def host_paths(config):
     return [k for k in mount_keys(config) if _volume(config[k]).startswith('/')]
 
 
+def storage_types(client):
+    """{storage id: type} of the cluster's storages (GET /storage through client, a _pve.PveClient): what refusal
+    judges a volume's storage by."""
+    return dict((s['storage'], s.get('type')) for s in client.get('storage'))
+
+
 def refusal(config, storages=None):
     """Why PVE cannot snapshot the container (its current config: GET .../config), or None: each mount point that
     is a host path (a bind or device mount point), then each volume on a storage that cannot snapshot (storages:
@@ -127,7 +133,7 @@ def run(client, vmid, state='present', name=None, keep=0, start=True, descriptio
     res = dict(changed=False, vmid=int(vmid), node=node, name=name, removed=[], snapshots=names)
     if state == 'present':
         config = client.get('nodes/{0}/lxc/{1}/config'.format(node, vmid))
-        storages = dict((s['storage'], s.get('type')) for s in client.get('storage'))
+        storages = storage_types(client)
         why = refusal(config, storages)
         if why:
             raise Refused('CT {0} cannot be snapshotted: {1}'.format(vmid, why),
