@@ -11,13 +11,13 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 APT_PACKAGES := python3 python3-venv python3-dev gcc lxc debootstrap openssh-server openssh-client \
 	nftables iproute2 uidmap ca-certificates shellcheck zstd chromium
 
-.PHONY: demo test deps venv lab-up lab-down lab-status unit integration molecule lint sanity bench clean
+.PHONY: demo test deps venv lab-up lab-down lab-status unit integration molecule lint sanity bench clean planted mutants
 
 demo: deps venv lab-up
 	gpufleet up -i inventories/lab
 	gpufleet lab status
 
-test: deps venv lab-up unit integration molecule lint sanity
+test: deps venv lab-up unit planted integration molecule lint sanity
 
 deps:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
@@ -46,6 +46,10 @@ lab-status: venv
 
 unit: venv
 	python -m pytest -q tests/unit
+
+# the bugs that matter, planted one at a time in a copy of the checkout: the unit suite must fail on each (docs/testing.md)
+planted: venv
+	python tests/planted/run.py
 
 integration: venv lab-up
 	python -m pytest -q tests/integration

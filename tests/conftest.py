@@ -1,5 +1,7 @@
 """Shared fixtures: the lab, brought up once per session, and API helpers."""
 
+import os
+import stat
 import subprocess
 
 import pytest
@@ -34,7 +36,26 @@ def lab():
         manager.reset(lab, say=lambda msg: print(msg))
     else:
         manager.up(lab, say=lambda msg: print(msg))
-    return lab
+    before = cached(lab.cache)
+    yield lab
+    after = cached(lab.cache)
+    changed = sorted(p for p in before if after.get(p) != before[p])
+    assert not changed, 'a test changed or removed {0} file(s) of the lab\'s cache, which every lab (and the next ' \
+        'run) shares: {1}'.format(len(changed), ', '.join(changed[:5]))
+
+
+def cached(cache):
+    """{path: (size, mtime, type)} of each file of the lab's cache that the lab only reads once it has it: the Debian
+    bases its containers' overlays stand on and the downloaded wheels. (The lab may add to its cache during a run;
+    its compiler cache changes as it builds.)"""
+    out = {}
+    for name in sorted(os.listdir(cache)) if os.path.isdir(cache) else ():
+        if name.startswith('base') or name == 'wheels':
+            for where, _dirs, files in os.walk(os.path.join(cache, name)):
+                for f in files:
+                    st = os.lstat(os.path.join(where, f))
+                    out[os.path.join(where, f)] = (st.st_size, st.st_mtime_ns, stat.S_IFMT(st.st_mode))
+    return out
 
 
 @pytest.fixture(scope='session')

@@ -247,3 +247,14 @@ def test_a_driver_upgrade_says_each_nodes_state_and_fails_where_a_node_failed():
         'pve1: the NVIDIA driver 520.61.05 does not run the venv of every GPU container on it'] * 2)
     assert (refused['exit_code'], refused['verdict']) == (
         1, 'error: pve1: the NVIDIA driver 520.61.05 does not run the venv of every GPU container on it')
+
+
+@pytest.mark.parametrize('argv, check', [(['drift'], True), (['drift', '--fix'], False), (['up'], False),
+                                         (['verify'], False)])
+def test_only_a_drift_without_fix_is_a_check_run(argv, check):
+    from gpufleet.cli.main import build_parser
+    args = build_parser().parse_args(argv + ['-i', 'inventories/lab', '-e', 'a=1'])
+    options = fleet.playbook_options(args, args.command)
+    assert options[:4] == ['-i', os.path.abspath('inventories/lab') if os.path.exists('inventories/lab') else
+                           'inventories/lab', '-e', 'a=1']
+    assert ('--check' in options) is check and ('--diff' in options) is check

@@ -324,6 +324,9 @@ def test_verify_report_is_ok_only_with_a_healthy_audit_and_no_failure():
     assert not _verdict.report(now, {'healthy': False}, {'failures': []}, 'h')['ok']
     skipped = _verdict.report(now, {'msg': 'no venv'}, {'skipped': True}, 'h')
     assert not skipped['ok'] and skipped['audit']['error'] == 'no venv'
+    # a healthy venv whose verification never ran (the task was skipped, or failed before the probe): not ok
+    for never in ({'skipped': True}, {'changed': False, 'msg': 'ssh failed'}, None):
+        assert _verdict.report(now, {'healthy': True, 'findings': {}}, never, 'h')['ok'] is False, never
 
 
 def test_verify_problems_name_the_failed_check_and_the_audit():
@@ -792,3 +795,41 @@ def test_each_expectation_of_torch_is_compared_exactly():
     assert _torch_probe.same('2.11.0+cu128', '2.11.0+cu128') and _torch_probe.same(2, '2')
     for wrong in ('2.11.0+cu130', '2.11.0', '2.11.1+cu128', None):
         assert not _torch_probe.same('2.11.0+cu128', wrong), wrong
+
+
+class RecordingPve:
+    """The PVE API as a Reconciler meets it, recording each request: the config it reads is the plan's."""
+
+    def __init__(self):
+        self.calls = []
+
+    def get(self, path):
+        self.calls.append(('GET', path))
+        return [] if path.endswith('/pending') else {'digest': 'd2'}
+
+    def mutate(self, method, path, **params):
+        self.calls.append((method, path, params))
+
+    def run_task(self, method, path, node, what, accepted=None, **params):
+        self.calls.append((method, path, what))
+        if accepted:
+            accepted()
+
+
+@pytest.mark.parametrize('check_mode', [True, False])
+def test_check_mode_sends_pve_no_change(check_mode):
+    from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc as lxc
+    pve = RecordingPve()
+    rec = lxc.Reconciler(pve, check_mode=check_mode)
+    plan = {'vmid': 301, 'node': 'pve1', 'path': 'nodes/pve1/lxc/301', 'status': 'running', 'action': 'reboot',
+            'spec': {'restart_on_pending': True}, 'sets': {'memory': 4096}, 'deletes': ['mp1'],
+            'current': {'digest': 'd1'}, 'res': {'changed': True, 'restart_required': True}}
+    res = rec.apply(plan)
+    writes = [c for c in pve.calls if c[0] != 'GET']
+    if check_mode:
+        assert writes == [] and res['actions'] == []
+    else:  # the same plan, run for real, is what check mode kept from PVE
+        assert writes == [('PUT', 'nodes/pve1/lxc/301/config', {'memory': 4096, 'delete': 'mp1', 'digest': 'd1',
+                                                                   'lock_timeout': 60}),
+                          ('POST', 'nodes/pve1/lxc/301/status/reboot', 'reboot CT 301')]
+        assert res['actions'] == ['config', 'reboot']

@@ -58,6 +58,22 @@ def ansible_options(args):
     return out
 
 
+def playbook_options(args, command):
+    """ansible-playbook's options for command's playbook: ansible_options, and a check run for drift without --fix
+    (with --fix, a plain run: it repairs), the version and the check of a driver upgrade, a rollback's container and
+    snapshot."""
+    out = ansible_options(args)
+    if command == 'drift' and not getattr(args, 'fix', False):
+        out += ['--check', '--diff']
+    if command == 'driver-upgrade':
+        out += (['-e', 'gpu_node_driver_version=' + args.version] if args.version else []) + (
+            ['--check'] if args.check else [])
+    if command == 'rollback':
+        out += ['-e', 'gpufleet_rollback_vmid={0}'.format(args.vmid)] + (
+            ['-e', 'gpufleet_rollback_snapshot=' + args.snapshot] if args.snapshot else [])
+    return out
+
+
 def bin_dir():
     return os.path.dirname(os.path.abspath(sys.executable))
 
@@ -321,15 +337,7 @@ def execute(args, command=None):
                   '-e\'s and the vault password are scrubbed: ' + scrubber.text(error))
     fix = getattr(args, 'fix', False)
     limit = node_limit(args.node) if args.node else args.limit
-    cmdline = ansible_options(args)
-    if command == 'drift' and not fix:
-        cmdline += ['--check', '--diff']
-    if command == 'driver-upgrade':
-        cmdline += (['-e', 'gpu_node_driver_version=' + args.version] if args.version else []) + (
-            ['--check'] if args.check else [])
-    if command == 'rollback':
-        cmdline += ['-e', 'gpufleet_rollback_vmid={0}'.format(args.vmid)] + (
-            ['-e', 'gpufleet_rollback_snapshot=' + args.snapshot] if args.snapshot else [])
+    cmdline = playbook_options(args, command)
     progress = show.Progress(scrubber.text, verbose=args.verbose, quiet=args.json)
     with progress:
         r = ansible_runner.run(
