@@ -51,6 +51,11 @@ unit: venv
 planted: venv
 	python tests/planted/run.py
 
+# mutmut on the core modules against the unit suite (not in make test: see docs/testing.md for its time and survivors)
+mutants: venv
+	python -m pip install -q mutmut
+	python tests/mutants/run.py
+
 integration: venv lab-up
 	python -m pytest -q tests/integration
 

@@ -20,31 +20,32 @@ class Run(object):
     limited to some nodes leaves the others' containers out of the verdict and the drift), and each container's
     verify report."""
 
-    def __init__(self, hostvars, groups, nodes_group, containers_group):
-        self.hostvars = hostvars
-        self.nodes = list(groups.get(nodes_group) or [])
-        self.containers = list(groups.get(containers_group) or [])
-        reconciles = ((n, self.var(n, 'gpu_container_result')) for n in self.nodes)
+    def __init__(self, hostvars, groups, args):
+        self.hostvars, self.reads = hostvars, args['reads']
+        self.nodes = list(groups.get(args['nodes_group']) or [])
+        self.containers = list(groups.get(args['containers_group']) or [])
+        reconciles = ((n, self.var(n, 'reconcile')) for n in self.nodes)
         reader, self.reconcile = next(((n, r) for n, r in reconciles if r is not None), (None, {}))
-        definition = (self.var(reader, 'gpufleet_containers') or []) if reader else []
-        plan = (self.var(reader, 'gpu_container_plan') or {}) if reader else {}
+        definition = (self.var(reader, 'definition') or []) if reader else []
+        plan = (self.var(reader, 'plan') or {}) if reader else {}
         planned = plan.get('hosts')
         self.gpus = dict((vmid, h.get('gpus') or []) for vmid, h in (planned or {}).items())
         # the nodes the run could not reach: their containers are judged (unreached), not left out
         self.unreachable = set(plan.get('nodes_down') or [])
         self.definition = [e for e in definition if planned is None or not isinstance(e, dict)
                            or e.get('vmid') in planned or e.get('node') in self.unreachable]
-        self.verify_reports = dict((h, host_fact(hostvars, h, 'verify_report')) for h in self.containers)
+        self.verify_reports = dict((h, host_fact(hostvars, h, self.reads['report'])) for h in self.containers)
 
-    def var(self, host, name, default=None):
-        return host_var(self.hostvars, host, name, default)
+    def var(self, host, what, default=None):
+        """The host's variable that holds what (one of the module's reads)."""
+        return host_var(self.hostvars, host, self.reads[what], default)
 
     def reports(self, run_id):
         """The verify reports of this run (with run_id, only those stamped with it)."""
         return [r for r in self.verify_reports.values() if r and (run_id is None or r.get('run') == run_id)]
 
     def devices(self):
-        return dict((n, self.var(n, 'gpufleet_gpu_devices') or {}) for n in self.nodes)
+        return dict((n, self.var(n, 'devices') or {}) for n in self.nodes)
 
     def failed(self):
         """{container host: the message of its venv build that failed} (a repair that could not be made, a Python no
@@ -52,8 +53,8 @@ class Run(object):
         verified."""
         out = {}
         for h in self.containers:
-            build = self.var(h, 'torch_venv_build') or {}
-            snapshot = self.var(h, 'gpufleet_snapshot') or {}
+            build = self.var(h, 'build') or {}
+            snapshot = self.var(h, 'snapshot') or {}
             if build.get('failed') and build.get('msg'):
                 out[h] = str(build['msg'])
             elif build.get('held') and snapshot.get('go') is False:
@@ -64,9 +65,9 @@ class Run(object):
     def running(self):
         out = {}
         for h in self.containers:
-            build = self.var(h, 'torch_venv_build') or {}
+            build = self.var(h, 'build') or {}
             # the driver step's result: the venv build's where it made it (gpu_container_driver_with_venv)
-            out[h] = {'driver': build.get('driver') or self.var(h, 'gpu_container_driver'), 'build': build or None,
+            out[h] = {'driver': build.get('driver') or self.var(h, 'driver'), 'build': build or None,
                       'report': self.verify_reports[h]}
         return out
 
@@ -77,8 +78,7 @@ class ActionModule(ControllerAction):
 
     def act(self, args, task_vars):
         check_mode = bool(self._task.check_mode)
-        seen = Run(task_vars.get('hostvars') or {}, task_vars.get('groups') or {}, args['nodes_group'],
-                   args['containers_group'])
+        seen = Run(task_vars.get('hostvars') or {}, task_vars.get('groups') or {}, args)
         out, written, removed = {}, [], []
         try:
             verdict = None
@@ -86,8 +86,7 @@ class ActionModule(ControllerAction):
                 run = args['run'] or {}
                 reports = seen.reports(run.get('id'))
                 verdict = _verdict.fleet(reports, seen.definition, seen.reconcile, run, check_mode, seen.unreachable,
-                                         seen.gpus, seen.failed(), task_vars.get('ansible_limit'),
-                                         args['containers_group'])
+                                         seen.gpus, seen.failed(), args['limit'], args['containers_group'])
                 verdict['nodes'] = _verdict.nodes(seen.devices())
                 judged = set(row['host'] for row in verdict['containers'] if row['state'] in ('verified', 'failed', 'rolled_back'))
                 files = dict((r['host'], r) for r in reports if r.get('host') in judged)

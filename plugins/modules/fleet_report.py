@@ -48,6 +48,49 @@ options:
     description: The inventory group of the running containers (gpu_container's C(gpu_container_group)).
     type: str
     default: gpufleet_containers
+  limit:
+    description: The run's C(--limit) (C(ansible_limit)), which the verdict names where it leaves containers out.
+    type: str
+  reads:
+    description:
+      - The host variables the report is made of, by what each holds; every one is written by a role of the
+        collection (a unit test checks that each default has its writer). Give other names only where a playbook of
+        your own registers them under other names.
+    type: dict
+    default: {}
+    suboptions:
+      definition:
+        description: The fleet definition, on the nodes.
+        type: str
+        default: gpufleet_containers
+      reconcile:
+        description: The containers' reconcile (gpu_container's C(lxc_container) result), on the nodes.
+        type: str
+        default: gpu_container_result
+      plan:
+        description: The fleet's plan (gpu_container's C(fleet_plan) result), on the nodes.
+        type: str
+        default: gpu_container_plan
+      devices:
+        description: The node's GPUs, driver and findings (gpu_node's C(gpu_devices) result), on the nodes.
+        type: str
+        default: gpufleet_gpu_devices
+      report:
+        description: The container's verification report (a fact the verify role sets), on the containers.
+        type: str
+        default: verify_report
+      build:
+        description: The container's venv build (torch_venv's C(venv_build) result), on the containers.
+        type: str
+        default: torch_venv_build
+      driver:
+        description: The container's driver step where no venv build made it (gpu_container's), on the containers.
+        type: str
+        default: gpu_container_driver
+      snapshot:
+        description: The snapshot taken before the container's change (gpu_container's), on the containers.
+        type: str
+        default: gpufleet_snapshot
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -100,6 +143,17 @@ ARGUMENT_SPEC = {
     'drift': {'type': 'bool', 'default': False},
     'nodes_group': {'type': 'str', 'default': 'pve_nodes'},
     'containers_group': {'type': 'str', 'default': 'gpufleet_containers'},
+    'limit': {'type': 'str'},
+    'reads': {'type': 'dict', 'default': {}, 'options': {
+        'definition': {'type': 'str', 'default': 'gpufleet_containers'},
+        'reconcile': {'type': 'str', 'default': 'gpu_container_result'},
+        'plan': {'type': 'str', 'default': 'gpu_container_plan'},
+        'devices': {'type': 'str', 'default': 'gpufleet_gpu_devices'},
+        'report': {'type': 'str', 'default': 'verify_report'},
+        'build': {'type': 'str', 'default': 'torch_venv_build'},
+        'driver': {'type': 'str', 'default': 'gpu_container_driver'},
+        'snapshot': {'type': 'str', 'default': 'gpufleet_snapshot'},
+    }},
 }
 
 

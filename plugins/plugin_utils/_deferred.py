@@ -32,9 +32,9 @@ _RECORDED = b'{"changed": false}'
 
 def can_defer(action):
     """Whether this task's module call can be deferred to the node: a container reached with the pct connection
-    through SSH (not the node itself), the module pipelined, not async."""
+    through SSH (not the node itself), the module pipelined, not async, and the direct path supported here."""
     conn = action._connection
-    return (getattr(conn, 'transport', None) == TRANSPORT and not conn.get_option('local')
+    return (_direct.supported() and getattr(conn, 'transport', None) == TRANSPORT and not conn.get_option('local')
             and conn.is_pipelining_enabled(False) and not action._task.async_val)
 
 

@@ -17,10 +17,16 @@ $VARS are the target's). The command line is the module's own, made by Ansible w
 
 A module that would run on the controller (lxc_container, delegated to localhost) needs no program: here calls its
 entry point in the task's own process, after the same checks, without a Python to start, a payload to make or
-Ansible's module_utils to import again."""
+Ansible's module_utils to import again.
+
+This is the one place that leans on ansible-core's internals (ActionBase's _execute_module and the modify_module it
+calls, the argument validator's no_log values). relied_on checks each of them in the ansible-core at hand; where one
+is not as this needs, or GPUFLEET_DIRECT=0 asks, supported() is False and every call takes Ansible's own path (the
+module run as Ansible runs it): slower, never wrong. A unit test fails on an ansible-core release that changes them."""
 
 
 import importlib
+import inspect
 import json
 import os
 import re
@@ -33,6 +39,8 @@ from ansible.module_utils.common.arg_spec import ModuleArgumentSpecValidator
 from ansible.module_utils.common.parameters import remove_values
 from ansible.module_utils.common.text.converters import to_bytes
 from ansible.module_utils.errors import UnsupportedError
+from ansible.module_utils.parsing.convert_bool import boolean
+from ansible.plugins.action import ActionBase
 
 PACKAGE = 'ansible_collections.gpufleet.proxmox.plugins.module_utils'
 MODULE_UTILS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'module_utils')
@@ -90,6 +98,39 @@ except Exception:
 sys.stdout.write(json.dumps(result) + '\n')
 sys.exit(1 if result.get('failed') else 0)
 '''
+
+
+def relied_on():
+    """What of ansible-core's internals this module uses and finds changed, in words ([] where all is as it needs)."""
+    changed = []
+    if 'module_path' not in inspect.signature(action_plugins.modify_module).parameters:
+        changed.append('ansible.plugins.action.modify_module takes no module_path')
+    for name in ('_execute_module', '_configure_module', '_is_pipelining_enabled', '_compute_environment_string',
+                 '_remove_tmp_path'):
+        if not callable(getattr(ActionBase, name, None)):
+            changed.append('ActionBase.{0} is gone'.format(name))
+    try:  # through swaps the module-level modify_module: _configure_module must call it by that global name
+        if 'modify_module(' not in inspect.getsource(ActionBase._configure_module):
+            changed.append('ActionBase._configure_module no longer calls modify_module')
+    except (AttributeError, OSError, TypeError):
+        changed.append('ActionBase._configure_module cannot be read')
+    checked = ModuleArgumentSpecValidator({'secret': {'type': 'str', 'no_log': True}}).validate({'secret': 'x1'})
+    if getattr(checked, '_no_log_values', None) != {'x1'}:
+        changed.append("the argument validator's result keeps no _no_log_values")
+    return changed
+
+
+_SUPPORTED = []
+
+
+def supported():
+    """Whether the direct path runs here: this ansible-core's internals as relied_on needs them, and GPUFLEET_DIRECT
+    not turning it off. Else every call is the module's, run as Ansible runs it."""
+    if os.environ.get('GPUFLEET_DIRECT') not in (None, '') and not boolean(os.environ['GPUFLEET_DIRECT'], strict=False):
+        return False
+    if not _SUPPORTED:
+        _SUPPORTED.append(not relied_on())
+    return _SUPPORTED[0]
 
 
 def _sources(module):
@@ -245,8 +286,8 @@ def program(action, entry, spec, args, check, **constraints):
 def execute(action, entry, spec, args, task_vars, **constraints):
     """This task's module call, args, run over the task's connection as the program of its entry point (program);
     the result parsed as the module's. Where the task's connection does not pipeline modules, the module itself
-    runs."""
-    if not action._is_pipelining_enabled('new'):
+    runs, and so it does where the direct path is not supported here."""
+    if not supported() or not action._is_pipelining_enabled('new'):
         return the_module(action, args, task_vars)
     made, error = program(action, entry, spec, args, action._task.check_mode, **constraints)
     if error:
@@ -269,8 +310,9 @@ def the_module(action, args, task_vars):
 
 
 def on_controller(action):
-    """Would this task's module run on the controller, as the controller's user (a local connection, no become)?"""
-    return getattr(action._connection, 'transport', None) == 'local' and not action._play_context.become
+    """Can here make this task's call: its module would run on the controller, as the controller's user (a local
+    connection, no become), and the direct path is supported here?"""
+    return supported() and getattr(action._connection, 'transport', None) == 'local' and not action._play_context.become
 
 
 def here(action, entry, spec, args, **constraints):

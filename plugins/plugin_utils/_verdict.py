@@ -304,3 +304,29 @@ def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachabl
     return {'run': run, 'mode': 'check' if check_mode else 'verify', 'ok': bool(counted) and not bad,
             'verified': verified, 'expected': len(counted), 'verdict': verdict,
             'fleet': [row['host'] for row in rows], 'containers': rows}
+
+
+UPGRADE_STATES = ('planned', 'upgraded', 'failed', 'not reached', 'unchanged', 'no driver')
+
+
+def upgrade(reports, check):
+    """A driver upgrade judged from each node's report ({node: its plan (driver_upgrade_plan's), with the roll's
+    state and msg where the roll reached it}): {rows, by, version, said}. Each node's row has its state - planned (a
+    check run), upgraded, failed (with why and the way back), not reached (after a node that failed), unchanged
+    (already on the version), no driver; by is {state: [nodes]}, said the states in words."""
+    rows = []
+    for node, rep in sorted((reports or {}).items()):
+        if not rep.get('from'):
+            state = 'no driver'
+        elif rep.get('state'):
+            state = rep['state']
+        elif not rep.get('needed'):
+            state = 'unchanged'
+        else:
+            state = 'planned' if check else 'not reached'
+        rows.append({'node': node, 'state': state, 'from': rep.get('from'), 'to': rep.get('to'),
+                     'containers': [c.get('vmid') for c in rep.get('containers') or []], 'steps': rep.get('steps') or [],
+                     'down_seconds': rep.get('down_seconds'), 'msg': rep.get('msg')})
+    by = dict((state, [r['node'] for r in rows if r['state'] == state]) for state in set(r['state'] for r in rows))
+    said = '; '.join('{0}: {1}'.format(state, ', '.join(by[state])) for state in UPGRADE_STATES if by.get(state))
+    return {'rows': rows, 'by': by, 'version': next((r['to'] for r in rows if r['to']), None), 'said': said}

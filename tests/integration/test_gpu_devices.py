@@ -268,3 +268,22 @@ def test_a_debian_node_and_a_driver_upgraded_without_a_reboot(play, lab, tmp_pat
     fresh = dict(files, dest=str(tmp_path / 'none'))
     (stale,) = [f for f in discover(play, bundle=fresh)['findings'] if f['code'] == 'bundle_stale']
     assert 'upgraded without a reboot' in stale['msg'] and 'no bundle of 580.95.05 was gathered before' in stale['msg']
+
+
+def test_ansibles_own_path_gives_what_the_direct_path_gives(lab, tmp_path):
+    """GPUFLEET_DIRECT=0 (or an ansible-core whose internals plugin_utils _direct does not find as it needs): the
+    module runs as Ansible runs it, with the same result."""
+    from gpufleet.lab.testing import run_playbook
+    task = {'gpufleet.proxmox.gpu_devices': {'proc_root': '{{ gpufleet_lab.proc_root }}', 'root': '{{ gpu_node_root }}',
+                                             'nvidia_smi': '{{ gpufleet_lab_dir }}/driver/bin/nvidia-smi'}}
+    play = [{'name': 'both ways', 'hosts': 'pve1', 'gather_facts': False, 'tasks': [task]}]
+    seen = {}
+    for direct in ('1', '0'):
+        r = run_playbook(play, tmp_path, env={'GPUFLEET_DIRECT': direct})
+        res = r.task(0, 'pve1')
+        assert not res.get('failed'), res
+        seen[direct] = res
+    facts = [seen[d]['ansible_facts']['gpufleet_gpu_devices'] for d in ('1', '0')]
+    assert facts[0] == facts[1] and facts[0]['count'] == 8
+    # the module's own run says its invocation (AnsibleModule); the direct program prints the entry point's result
+    assert 'invocation' in seen['0'] and 'invocation' not in seen['1']

@@ -76,4 +76,8 @@ BUGS = [
      'plugins/module_utils/_venv_build.py',
      'if req.check or not work:',
      'if not work:'),
+    ('report_reads_unwritten', 'the fleet report reading a host variable that nothing writes (always undefined)',
+     'plugins/modules/fleet_report.py',
+     "'driver': {'type': 'str', 'default': 'gpu_container_driver'},",
+     "'driver': {'type': 'str', 'default': 'gpu_container_drivers'},"),
 ]

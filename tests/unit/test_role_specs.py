@@ -26,9 +26,9 @@ def test_argument_specs_match_defaults(role):
         assert 'default' in spec and spec['default'] == value, name
 
 
-def role_uses():
-    """(file, role, tasks_from) of every include_role/import_role with tasks_from in the playbooks, the roles and the
-    molecule scenarios, read as YAML (tasks, blocks and plays walked)."""
+def role_uses(with_main=False):
+    """(file, role, tasks_from) of every include_role/import_role with tasks_from (with_main: and those without, as
+    main) in the playbooks, the roles and the molecule scenarios, read as YAML (tasks, blocks and plays walked)."""
     found = []
 
     def walk(node, path):
@@ -38,8 +38,9 @@ def role_uses():
         elif isinstance(node, dict):
             for key in ('ansible.builtin.include_role', 'ansible.builtin.import_role', 'include_role', 'import_role'):
                 call = node.get(key)
-                if isinstance(call, dict) and call.get('tasks_from'):
-                    found.append((os.path.relpath(path, ROOT), call['name'].split('.')[-1], call['tasks_from']))
+                if isinstance(call, dict) and (call.get('tasks_from') or with_main):
+                    found.append((os.path.relpath(path, ROOT), call['name'].split('.')[-1],
+                                  call.get('tasks_from') or 'main'))
             for value in node.values():
                 walk(value, path)
     for pattern in ('playbooks/*.yml', 'site.yml', 'roles/*/tasks/*.yml', 'molecule/*/*.yml'):
@@ -59,3 +60,10 @@ def test_every_entry_point_a_playbook_or_role_uses_has_an_argument_spec():
         if os.path.splitext(entry)[0] not in specs:
             missing.append('{0}: {1} tasks_from {2}'.format(path, role, entry))
     assert missing == []
+
+
+def test_no_role_includes_another_the_playbooks_orchestrate_them():
+    # a role that includes another knows its variables and its order: the playbook that runs both says that once
+    upward = ['{0} includes {1} ({2})'.format(path, role, entry) for path, role, entry in role_uses(with_main=True)
+              if path.startswith('roles/') and path.split('/')[1] != role]
+    assert upward == []

@@ -206,30 +206,17 @@ def doctor_outcome(runner_status, rc, stats, report):
 
 
 def upgrade_outcome(check, runner_status, rc, stats, reports, failures=()):
-    """gpufleet driver-upgrade's result from each node's report (reports: {node: its plan, with the roll's state
-    where the roll reached it}): a row per node - planned (a check run), upgraded, failed (with why and the way back),
-    not reached (after a node that failed), unchanged (already on the version), no driver - and the verdict. Where
-    no node was planned (a version refused, say), the verdict is the failed tasks' messages (failures)."""
+    """gpufleet driver-upgrade's result: each node's row and state as the collection judges them from its report
+    (_verdict.upgrade), the exit code from those and ansible-runner's stats. Where no node was planned (a version
+    refused, say), the verdict is the failed tasks' messages (failures)."""
+    from gpufleet.profiles import collection_venv
+    collection_venv()  # the collection on the path
+    from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _verdict
     hosts = host_stats(stats)
-    rows = []
-    for node, rep in sorted((reports or {}).items()):
-        if not rep.get('from'):
-            state = 'no driver'
-        elif rep.get('state'):
-            state = rep['state']
-        elif not rep.get('needed'):
-            state = 'unchanged'
-        else:
-            state = 'planned' if check else 'not reached'
-        rows.append({'node': node, 'state': state, 'from': rep.get('from'), 'to': rep.get('to'),
-                     'containers': [c.get('vmid') for c in rep.get('containers') or []], 'steps': rep.get('steps') or [],
-                     'down_seconds': rep.get('down_seconds'), 'msg': rep.get('msg')})
-    by = dict((state, [r['node'] for r in rows if r['state'] == state]) for state in set(r['state'] for r in rows))
-    version = next((r['to'] for r in rows if r['to']), None)
+    judged = _verdict.upgrade(reports, check)
+    rows, by, version, said = judged['rows'], judged['by'], judged['version'], judged['said']
     unreachable = sorted(h for h, s in hosts.items() if s['unreachable'])
     failed = sorted(h for h, s in hosts.items() if s['failures'])
-    said = '; '.join('{0}: {1}'.format(state, ', '.join(by[state])) for state in (
-        'planned', 'upgraded', 'failed', 'not reached', 'unchanged', 'no driver') if by.get(state))
     if unreachable:
         code, verdict = UNREACHABLE, 'unreachable: ' + ', '.join(unreachable)
     elif by.get('failed') or failed or rc != 0 or stats is None or not rows:
