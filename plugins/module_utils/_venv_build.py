@@ -31,7 +31,7 @@ import tempfile
 import time
 import zipfile
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia, _venv, _verify_record
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia, _venv, _venv_dists, _venv_python, _verify_record
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import (
     read_json, read_text, replace_link, write_json, write_text)
 
@@ -76,7 +76,7 @@ def phases(lock_text, overrides):
     """The lock split into the two installs, in order: everything else, then the declared overrides (so their
     bytes are the ones left at the paths they share). Raises ValueError naming every line that is not
     pinned with == and hashed, and every override the lock lacks."""
-    options, reqs = _venv.parse_lock(lock_text)
+    options, reqs = _venv_dists.parse_lock(lock_text)
     problems = []
     for r in reqs:
         if r['key'] is None:
@@ -86,7 +86,7 @@ def phases(lock_text, overrides):
     if not reqs:
         problems.append('it names no package')
     keys = set(r['key'] for r in reqs)
-    wanted = [_venv.canon(o) for o in overrides]
+    wanted = [_venv_dists.canon(o) for o in overrides]
     for name, key in zip(overrides, wanted):
         if key not in keys:
             problems.append('overrides: {0} is not in the lock'.format(name))
@@ -113,7 +113,7 @@ def python_version(python):
 
 def venv_id(lock_text, overrides, python):
     h = hashlib.sha256()
-    for part in (lock_text, '\n'.join(_venv.canon(o) for o in overrides), python):
+    for part in (lock_text, '\n'.join(_venv_dists.canon(o) for o in overrides), python):
         h.update(part.encode('utf-8') + b'\0')
     return h.hexdigest()[:16]
 
@@ -613,7 +613,7 @@ def deploy_venv(store, req, env):
     result.update(id=vid, venv=store.path(vid), meta=(store.marker(vid) or {}).get('meta', req.meta or {}))
     if not req.rollback and current and current != vid:
         # the venv that is active was made for another Python (a distribution upgrade replaced the container's)
-        made_for = '.'.join(((_venv.pyvenv_cfg(store.path(current)) or {}).get('version_info') or '').split('.')[:2])
+        made_for = '.'.join(((_venv_python.pyvenv_cfg(store.path(current)) or {}).get('version_info') or '').split('.')[:2])
         now = '.'.join(have.split('.')[:2])
         if made_for and made_for != now:
             result['python_changed'] = {'from': made_for, 'to': now}

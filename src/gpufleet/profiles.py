@@ -41,7 +41,7 @@ PYTHON = re.compile(r'^3\.\d+$')
 
 def pythons(meta):
     """The Pythons (X.Y) a profile's lock is for (the collection's reading of profile.yml's python)."""
-    collection_venv()  # the collection on the path
+    collection_dists()  # the collection on the path
     from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _profile
     return _profile.pythons(meta)
 
@@ -68,7 +68,7 @@ def merge(locks):
     """One lock from the resolutions of several Pythons ({python: lock text}, in order): the first's text with each
     requirement's hashes the union of all of them. Raises ValueError naming every package whose pin differs between
     them (or that one of them lacks)."""
-    parse = collection_venv().parse_lock
+    parse = collection_dists().parse_lock
     order = list(locks)
     pins = dict((py, dict((r['key'], r) for r in parse(text)[1] if r['key'])) for py, text in locks.items())
     first = pins[order[0]]
@@ -81,7 +81,7 @@ def merge(locks):
     if problems:
         raise ValueError('the resolutions differ by Python ({0}): make one profile per Python'.format(
             '; '.join(problems)))
-    canon, out = collection_venv().canon, []
+    canon, out = collection_dists().canon, []
     for line in locks[order[0]].splitlines():
         if line.startswith('    --hash='):
             continue  # each requirement's hashes are written after its pin, those of every resolution
@@ -123,7 +123,7 @@ def lock(directory, find_links=None, only=None):
             if len(texts) == 1:
                 with open(held, 'w') as fh:
                     fh.writelines('{0}=={1}\n'.format(r['name'], r['version'])
-                                  for r in collection_venv().parse_lock(texts[python])[1] if r['key'])
+                                  for r in collection_dists().parse_lock(texts[python])[1] if r['key'])
     try:
         merged = merge(texts)
     except ValueError as e:
@@ -138,12 +138,12 @@ def lock(directory, find_links=None, only=None):
     return 0
 
 
-def collection_venv():
-    """The collection's lock parser (module_utils _venv): the one that venv_build and venv_audit use. From the
+def collection_dists():
+    """The collection's lock parser (module_utils _venv_dists): the one that venv_build and venv_audit use. From the
     collections path (a checkout's .collections, or where the collection is installed)."""
     try:
-        from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv
-        return _venv
+        from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv_dists
+        return _venv_dists
     except ImportError:
         pass
     # Ansible's own collection loader, as its CLI sets it up (the checkout's .collections first)
@@ -154,24 +154,24 @@ def collection_venv():
     paths = ([checkout] if os.path.isdir(checkout) else []) + list(constants.COLLECTIONS_PATHS)
     init_plugin_loader(paths)
     try:
-        from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv
+        from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv_dists
     except ImportError:
         raise SystemExit('gpufleet: the gpufleet.proxmox collection is not on the collections path ({0}); install it '
                          '(ansible-galaxy collection install gpufleet.proxmox) or run from its checkout'.format(
                              ':'.join(paths)))
-    return _venv
+    return _venv_dists
 
 
 def collection_dir():
     """The root of the gpufleet.proxmox collection in use (its roles and profiles)."""
-    module_utils = os.path.dirname(os.path.abspath(collection_venv().__file__))
+    module_utils = os.path.dirname(os.path.abspath(collection_dists().__file__))
     return os.path.dirname(os.path.dirname(module_utils))
 
 
 def read_lock(path):
     """{canonical name: (version, [hashes])} of a lock, with the entries that are not pinned and hashed."""
     with open(path) as fh:
-        _options, reqs = collection_venv().parse_lock(fh.read())
+        _options, reqs = collection_dists().parse_lock(fh.read())
     pins, problems = {}, []
     for r in reqs:
         if r['key'] is None or not r['hashes']:
@@ -188,7 +188,7 @@ def check(directory):
     if not os.path.exists(lock):
         return ['no requirements.lock yet; make it with: gpufleet profile lock {0}'.format(directory)]
     pins, problems = read_lock(lock)
-    canon = collection_venv().canon
+    canon = collection_dists().canon
     for dep in meta['dependencies']:
         m = PIN.match(dep.strip())
         if not m:

@@ -9,7 +9,7 @@ import struct
 import subprocess
 import sys
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _elf, _venv
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _elf, _venv_python
 
 MACHINE = _elf.read(os.path.realpath(sys.executable)).machine  # this machine's: the loader takes no other
 
@@ -47,7 +47,7 @@ def record_hash(data):
 def make_venv(path):
     """A real venv of this machine's Python (no pip): (venv, its site-packages)."""
     subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(path)], check=True)
-    return str(path), _venv.site_packages(str(path))
+    return str(path), _venv_python.site_packages(str(path))
 
 
 def install(site, name, version, files, requires=()):

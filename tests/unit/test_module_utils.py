@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _lxc, _nvidia_devices, _pve, _pveconf, _venv, _venv_build
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _lxc, _nvidia_devices, _pve, _pveconf, _venv, _venv_build, _venv_requires
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _drift, _fleet, _verdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -373,14 +373,14 @@ LINUX = {'os_name': 'posix', 'sys_platform': 'linux', 'platform_system': 'Linux'
     ('platform_system == "Linux" and extra == "Cu_DNN"', {'cu-dnn'}, True),
 ])
 def test_markers_of_requires_dist(marker, extras, holds):
-    assert _venv.marker_holds(marker, LINUX, extras) is holds
+    assert _venv_requires.marker_holds(marker, LINUX, extras) is holds
 
 
 def test_a_marker_it_cannot_read_is_refused():
     with pytest.raises(ValueError):
-        _venv.marker_holds('platform_system == ', LINUX, set())
+        _venv_requires.marker_holds('platform_system == ', LINUX, set())
     with pytest.raises(ValueError):
-        _venv.marker_holds('unknown_variable == "x"', LINUX, set())
+        _venv_requires.marker_holds('unknown_variable == "x"', LINUX, set())
 
 
 def test_what_the_installed_distributions_require():
@@ -390,19 +390,19 @@ def test_what_the_installed_distributions_require():
         {'key': 'cuda-toolkit', 'name': 'cuda-toolkit', 'requires': [
             'nvidia-cudnn-cu13==9.19.0.56; extra == "cudnn"', 'nvidia-cublas==13.1; extra == "cublas"']},
         {'key': 'nvidia-nccl-cu12', 'name': 'nvidia-nccl-cu12', 'requires': []}]
-    assert _venv.required_by(_venv.requirement_edges(dists, LINUX)) == {
+    assert _venv_requires.required_by(_venv_requires.requirement_edges(dists, LINUX)) == {
         'nvidia-nccl-cu13': ['torch'], 'cuda-toolkit': ['torch'], 'nvidia-cudnn-cu13': ['cuda-toolkit'],
         'odd': ['torch']}  # a marker it cannot read counts as holding
     # what pip check calls not installed: the requirements that hold (the extra torch asks of cuda-toolkit too), not
     # one whose marker cannot be read
-    assert _venv.missing_requirements(dists, _venv.requirement_edges(dists, LINUX)) == [
+    assert _venv_requires.missing_requirements(dists, _venv_requires.requirement_edges(dists, LINUX)) == [
         {'name': 'nvidia-cudnn-cu13', 'requirement': 'nvidia-cudnn-cu13==9.19.0.56', 'required_by': ['cuda-toolkit']},
         {'name': 'nvidia-nccl-cu13', 'requirement': 'nvidia-nccl-cu13==2.28.9', 'required_by': ['torch']}]
     # one requirement twice with markers that disagree (as torch's METADATA has): it holds where one holds
     twice = [{'key': 'torch', 'name': 'torch', 'requires': [
         'setuptools; python_version >= "3.10"', 'setuptools; python_version < "3.0"', 'sympy>=1.13']}]
-    assert _venv.required_by(_venv.requirement_edges(twice, LINUX)) == {'setuptools': ['torch'], 'sympy': ['torch']}
-    assert [m['name'] for m in _venv.missing_requirements(twice, _venv.requirement_edges(twice, LINUX))] == ['setuptools', 'sympy']
+    assert _venv_requires.required_by(_venv_requires.requirement_edges(twice, LINUX)) == {'setuptools': ['torch'], 'sympy': ['torch']}
+    assert [m['name'] for m in _venv_requires.missing_requirements(twice, _venv_requires.requirement_edges(twice, LINUX))] == ['setuptools', 'sympy']
 
 
 def test_who_wins_a_path_claimed_with_different_bytes():

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv, _venv_build
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv_build, _venv_python
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _container_python, _doctor, _drift, _profile
 
 
@@ -44,15 +44,15 @@ def checks(found):
 def test_a_real_venv_of_this_python_starts_as_itself(tmp_path):
     venv = tmp_path / 'real'
     subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)], check=True)
-    site = _venv.site_packages(str(venv))
-    python, found = _venv.interpreter(str(venv), site)
+    site = _venv_python.site_packages(str(venv))
+    python, found = _venv_python.interpreter(str(venv), site)
     assert found == [] and python['starts'] is True
     assert python['version'] == '{0}.{1}'.format(*sys.version_info[:2]) == python['venv_version']
 
 
 def test_a_venv_whose_files_hold_together_is_found_startable_before_it_runs(tmp_path):
     venv, site, _real, _stdlib = laid_out(tmp_path)
-    python, found = _venv.interpreter(str(venv), site, start=False)
+    python, found = _venv_python.interpreter(str(venv), site, start=False)
     assert found == [] and python['version'] == '3.11' and python['home'] == str(tmp_path / 'usr' / 'bin')
 
 
@@ -60,24 +60,24 @@ def test_each_way_a_venv_cannot_start_is_named_with_its_fix(tmp_path):
     # a version no Python of this machine has: getpath's search for the landmark goes up to / as CPython's does
     venv, site, real, stdlib = laid_out(tmp_path, version='3.97')
     (stdlib / 'encodings' / '__init__.py').unlink()
-    assert checks(_venv.interpreter(str(venv), site, start=False)[1]) == ['no_stdlib']
+    assert checks(_venv_python.interpreter(str(venv), site, start=False)[1]) == ['no_stdlib']
     (stdlib / 'os.py').unlink()
-    found = _venv.interpreter(str(venv), site, start=False)[1]
+    found = _venv_python.interpreter(str(venv), site, start=False)[1]
     assert checks(found) == ['no_stdlib'] and 'lib/python3.97/os.py' in found[0]['msg']
     assert 'libpython3.97-minimal' in found[0]['fix']
     real.unlink()  # the base Python gone: a link that leads nowhere
-    found = _venv.interpreter(str(venv), site, start=False)[1]
+    found = _venv_python.interpreter(str(venv), site, start=False)[1]
     assert checks(found) == ['base_python_missing'] and 'python3.97-minimal' in found[0]['fix']
     (venv / 'pyvenv.cfg').unlink()
-    assert checks(_venv.interpreter(str(venv), site, start=False)[1]) == ['base_python_missing', 'no_pyvenv_cfg']
+    assert checks(_venv_python.interpreter(str(venv), site, start=False)[1]) == ['base_python_missing', 'no_pyvenv_cfg']
     (venv / 'bin' / 'python').unlink()
-    found = _venv.interpreter(str(venv), site, start=False)[1]
+    found = _venv_python.interpreter(str(venv), site, start=False)[1]
     assert checks(found) == ['no_interpreter'] and 'rebuilds the venv from its lock' in found[0]['fix']
 
 
 def test_a_base_python_of_another_version_is_a_changed_python(tmp_path):
     venv, site, _real, _stdlib = laid_out(tmp_path, version='3.11', base_version='3.13')
-    python, found = _venv.interpreter(str(venv), site, start=False)
+    python, found = _venv_python.interpreter(str(venv), site, start=False)
     assert checks(found) == ['python_changed'] and python['version'] == '3.13'
     assert found[0]['msg'].startswith('the venv was made for Python 3.11 (lib/python3.11) but ')
     assert found[0]['fix'] == "a repair run builds the venv for Python 3.13 where the profile's lock covers it"
@@ -90,18 +90,18 @@ def test_startup_files_no_record_names_and_the_activate_script(tmp_path):
                        ('hand.pth', 'import sys\n'), ('sitecustomize.py', 'x = 1\n')):
         with open(os.path.join(site, name), 'w') as fh:
             fh.write(text)
-    found = _venv.startup_files(site, {owned: []})
+    found = _venv_python.startup_files(site, {owned: []})
     assert found == [{'path': 'hand.pth', 'kind': 'pth', 'lines': ['import sys']},
                      {'path': 'sitecustomize.py', 'kind': 'module', 'lines': []}]
-    assert _venv.activate_findings(str(venv)) == []
+    assert _venv_python.activate_findings(str(venv)) == []
     # CPython 3.13's script (export, unquoted) and uv's line for Windows shells (computed, not a path)
     (venv / 'bin' / 'activate').write_text('    export VIRTUAL_ENV={0}\nVIRTUAL_ENV=$(cygpath -u "$VIRTUAL_ENV")\n'.format(
         venv))
-    assert _venv.activate_findings(str(venv)) == []
+    assert _venv_python.activate_findings(str(venv)) == []
     (venv / 'bin' / 'activate').write_text("VIRTUAL_ENV='/opt/other'\n")
-    assert checks(_venv.activate_findings(str(venv))) == ['activate_elsewhere']
+    assert checks(_venv_python.activate_findings(str(venv))) == ['activate_elsewhere']
     (venv / 'bin' / 'activate').unlink()
-    assert checks(_venv.activate_findings(str(venv))) == ['no_activate']
+    assert checks(_venv_python.activate_findings(str(venv))) == ['no_activate']
 
 
 class Req(object):

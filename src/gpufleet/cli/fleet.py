@@ -209,8 +209,8 @@ def upgrade_outcome(check, runner_status, rc, stats, reports, failures=()):
     """gpufleet driver-upgrade's result: each node's row and state as the collection judges them from its report
     (_verdict.upgrade), the exit code from those and ansible-runner's stats. Where no node was planned (a version
     refused, say), the verdict is the failed tasks' messages (failures)."""
-    from gpufleet.profiles import collection_venv
-    collection_venv()  # the collection on the path
+    from gpufleet.profiles import collection_dists
+    collection_dists()  # the collection on the path
     from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _verdict
     hosts = host_stats(stats)
     judged = _verdict.upgrade(reports, check)
