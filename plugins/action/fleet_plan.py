@@ -9,7 +9,7 @@ through _pve only where the plan depends on it."""
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _pve, _pve_options, _snapshot
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc_config, _pve, _pve_options, _snapshot
 from ansible_collections.gpufleet.proxmox.plugins.modules.fleet_plan import ARGUMENT_SPEC
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _fleet, _profile
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils._action import ControllerAction, host_var
@@ -96,7 +96,7 @@ class ActionModule(ControllerAction):
             check_mode = bool(self._task.check_mode)
             root = fleet.root_login(api, check_mode)
             fleet.check(is_root_password=root or fleet.passthrough == 'auto', root=root)
-            _lxc.validate(_lxc.container_specs({'containers': fleet.expand('devn')}))
+            _lxc_config.validate(_lxc_config.container_specs({'containers': fleet.expand('devn')}))
             versions, storages = {}, None
             if fleet.needs_version():
                 # each node's own version (a cluster being upgraded runs several), one request a node
@@ -107,7 +107,7 @@ class ActionModule(ControllerAction):
                 # and, in the same session, the storages' types: which containers PVE cannot snapshot for them
                 storages = _snapshot.storage_types(client)
             plan = fleet.plan(versions, bool(self._task.check_mode), storages)
-        except (_fleet.FleetError, _lxc.SpecError) as e:
+        except (_fleet.FleetError, _lxc_config.SpecError) as e:
             raise AnsibleActionFail(str(e))
         except _pve.PveError as e:
             raise AnsibleActionFail(e.result().get('msg') or str(e))

@@ -184,7 +184,7 @@ def state(proc_root='/proc', root='/'):
 
 def findings(found, loaded, installed, hold=True):
     """The gaps in found (state()) for a node that runs module version loaded with userspace versions installed
-    (_nvidia.installed_versions: newest last): no module for the running kernel, none (or a failed DKMS build) for
+    (_nvidia_bundle.installed_versions: newest last): no module for the running kernel, none (or a failed DKMS build) for
     the kernel it boots next, a module built for that kernel of another version than the newest userspace, and, with
     hold, driver packages not held."""
     out = []

@@ -81,19 +81,19 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_bundle
 
 
 def main():
-    module = AnsibleModule(argument_spec=dict(_nvidia.BUNDLE_SPEC, version=dict(type='str', required=True)),
+    module = AnsibleModule(argument_spec=dict(_nvidia_bundle.BUNDLE_SPEC, version=dict(type='str', required=True)),
                            supports_check_mode=True)
     p = module.params
     path = os.path.join(p['dest'], p['version'])
     try:
-        wanted = _nvidia.bundle_files(p['version'], p['lib_dirs'], p['libs'], p['bin_dirs'], p['bins'])
-    except _nvidia.BundleError as e:
+        wanted = _nvidia_bundle.bundle_files(p['version'], p['lib_dirs'], p['libs'], p['bin_dirs'], p['bins'])
+    except _nvidia_bundle.BundleError as e:
         module.fail_json(msg=str(e))
-    changed = _nvidia.gather_bundle(path, wanted, module.check_mode)
+    changed = _nvidia_bundle.gather_bundle(path, wanted, module.check_mode)
     module.exit_json(changed=changed, path=path, files=sorted(rel for _s, rel, _l in wanted))
 
 

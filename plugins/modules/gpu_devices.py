@@ -180,7 +180,7 @@ ansible_facts:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia, _nvidia_bundle
 
 ARGUMENT_SPEC = dict(dev_dir=dict(type='path', default='/dev'),
                      proc_root=dict(type='path', default='/proc'),
@@ -206,7 +206,7 @@ def checked_bundle(params):
     in, None), or (None, the message that names what is wrong)."""
     if not isinstance(params.get('bundle'), dict):
         return params, None
-    checked = ArgumentSpecValidator(_nvidia.BUNDLE_SPEC).validate(params['bundle'])
+    checked = ArgumentSpecValidator(_nvidia_bundle.BUNDLE_SPEC).validate(params['bundle'])
     if checked.error_messages:
         return None, 'bundle: {0}'.format('; '.join(checked.error_messages))
     return dict(params, bundle=checked.validated_parameters), None

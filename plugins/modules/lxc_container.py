@@ -313,19 +313,19 @@ orphans:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _pve_options
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _lxc_config, _pve_options
 
 
 def argument_spec():
     spec = dict(_pve_options.CONNECTION_SPEC)
-    spec.update(_lxc.CONTAINER_SPEC)
-    # the defaults a call's top-level options get are the ones each container entry gets (_lxc.DEFAULTS)
+    spec.update(_lxc_config.CONTAINER_SPEC)
+    # the defaults a call's top-level options get are the ones each container entry gets (_lxc_config.DEFAULTS)
     for key in ('state', 'restart_on_pending', 'force', 'purge'):
-        spec[key] = dict(_lxc.CONTAINER_SPEC[key], default=_lxc.DEFAULTS[key])
-    # the entries' keys are checked with every other value of the container (see _lxc.validate), so that a wrong
+        spec[key] = dict(_lxc_config.CONTAINER_SPEC[key], default=_lxc_config.DEFAULTS[key])
+    # the entries' keys are checked with every other value of the container (see _lxc_config.validate), so that a wrong
     # entry is named: Ansible's own check of suboptions says only "dictionary requested"
     spec['devices'] = dict(type='list', elements='dict')
-    spec['pve_root'] = dict(type='path', default=_lxc.DEFAULTS['pve_root'])
+    spec['pve_root'] = dict(type='path', default=_lxc_config.DEFAULTS['pve_root'])
     spec['containers'] = dict(type='list', elements='dict')
     spec['restart'] = dict(type='list', elements='int', default=[])
     spec['raw_changed'] = dict(type='dict', default={})

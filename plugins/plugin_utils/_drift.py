@@ -6,7 +6,7 @@ what a repair run would change), as items {stage, item, detail} per node and per
 
 import re
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_bundle
 
 # A container's mount points and devices (mpN, devN): the fleet's, all of them.
 HAND_MADE = re.compile(r'^(mp|dev)[0-9]+$')
@@ -28,7 +28,7 @@ NODE_MENDED = ('nvidiactl_missing', 'gpu_nodes_missing', 'uvm_not_loaded', 'uvm_
 def mended_by_a_run(finding):
     """Whether a run's node stage mends this discovery finding (NODE_MENDED, or a driver bundle it can gather)."""
     return finding.get('code') in NODE_MENDED or (finding.get('code') == 'bundle_stale'
-                                                  and finding.get('fix') == _nvidia.GATHER)
+                                                  and finding.get('fix') == _nvidia_bundle.GATHER)
 
 
 def node(gpu_devices):

@@ -17,7 +17,8 @@ sys.path.insert(0, os.path.join(ROOT, 'tests', 'planted'))
 from run import checkout_copy  # noqa: E402  (the planted bugs' copy of the checkout)
 
 CORE = ('plugins/module_utils/_venv.py', 'plugins/module_utils/_venv_python.py', 'plugins/module_utils/_venv_dists.py',
-        'plugins/module_utils/_venv_requires.py', 'plugins/module_utils/_venv_libs.py', 'plugins/module_utils/_venv_build.py', 'plugins/module_utils/_lxc.py',
+        'plugins/module_utils/_venv_requires.py', 'plugins/module_utils/_venv_libs.py',
+        'plugins/module_utils/_venv_build.py', 'plugins/module_utils/_lxc.py', 'plugins/module_utils/_lxc_config.py',
         'plugins/module_utils/_nvidia.py', 'plugins/module_utils/_nvidia_devices.py', 'plugins/plugin_utils/_verdict.py',
         'plugins/plugin_utils/_drift.py', 'plugins/plugin_utils/_fleet.py')
 PREFIX = 'ansible_collections/gpufleet/proxmox/'

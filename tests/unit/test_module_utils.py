@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _lxc, _nvidia_devices, _pve, _pveconf, _venv, _venv_build, _venv_requires
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _lxc, _lxc_config, _nvidia_devices, _pve, _pveconf, _venv, _venv_build, _venv_requires
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _drift, _fleet, _verdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,15 +28,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     ('description', 'notes', 'notes\n', True),
 ])
 def test_same_compares_what_pve_means(key, wanted, current, equal):
-    assert _lxc.same(key, wanted, current) is equal
+    assert _lxc_config.same(key, wanted, current) is equal
 
 
 def test_plan_update_sets_deletes_and_keeps_the_mac():
     current = {'cores': 1, 'dev0': 'path=/dev/nvidia0', 'dev1': 'path=/dev/nvidia1', 'tags': 'x',
                'net0': 'name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=dhcp,type=veth', 'memory': 512}
-    values, owned = _lxc.wanted_config({'cores': 2, 'devices': [{'path': '/dev/nvidia0'}], 'tags': [],
+    values, owned = _lxc_config.wanted_config({'cores': 2, 'devices': [{'path': '/dev/nvidia0'}], 'tags': [],
                                         'net': {'net0': 'name=eth0,bridge=vmbr1,ip=dhcp'}})
-    sets, deletes, before, after = _lxc.plan_update(values, owned, current)
+    sets, deletes, before, after = _lxc_config.plan_update(values, owned, current)
     assert sets['cores'] == 2 and 'hwaddr=BC:24:11:00:00:01' in sets['net0'] and 'bridge=vmbr1' in sets['net0']
     assert sorted(deletes) == ['dev1', 'tags']
     assert after['dev1'] is None and before['dev1'] == 'path=/dev/nvidia1'
@@ -44,10 +44,10 @@ def test_plan_update_sets_deletes_and_keeps_the_mac():
 
 
 def test_rootfs_grows_never_shrinks():
-    assert _lxc.plan_resize({'rootfs': 'local-lvm:16'}, {'rootfs': 'local-lvm:vm-1-disk-0,size=8G'}) == '16G'
-    assert _lxc.plan_resize({'rootfs': 'local-lvm:8'}, {'rootfs': 'local-lvm:vm-1-disk-0,size=8G'}) is None
-    with pytest.raises(_lxc.SpecError, match='cannot shrink'):
-        _lxc.plan_resize({'rootfs': 'local-lvm:4'}, {'rootfs': 'local-lvm:vm-1-disk-0,size=8G'})
+    assert _lxc_config.plan_resize({'rootfs': 'local-lvm:16'}, {'rootfs': 'local-lvm:vm-1-disk-0,size=8G'}) == '16G'
+    assert _lxc_config.plan_resize({'rootfs': 'local-lvm:8'}, {'rootfs': 'local-lvm:vm-1-disk-0,size=8G'}) is None
+    with pytest.raises(_lxc_config.SpecError, match='cannot shrink'):
+        _lxc_config.plan_resize({'rootfs': 'local-lvm:4'}, {'rootfs': 'local-lvm:vm-1-disk-0,size=8G'})
 
 
 def test_fleet_errors_name_container_and_field():
@@ -492,7 +492,7 @@ def test_orphans_are_the_tagged_containers_the_definition_does_not_name_and_are_
         {'vmid': 207, 'node': 'pve1', 'name': 'b', 'status': 'stopped'}]
     # the fleet's containers on a node the run does not reach (known) are the fleet's, not orphans
     assert [o['vmid'] for o in _lxc.orphans(guests, 'gpufleet', {201} | {205})] == [207]
-    assert _lxc.tag_list('x, b;a') == ['a', 'b', 'x']
+    assert _lxc_config.tag_list('x, b;a') == ['a', 'b', 'x']
     definition = [{'vmid': 201, 'hostname': 'a', 'node': 'pve1'}]
     reconcile = {'containers': [_ct(201, 'running')],
                  'orphans': [{'vmid': 205, 'node': 'pve2', 'name': 'old', 'status': 'running'},
@@ -508,10 +508,10 @@ def test_orphans_are_the_tagged_containers_the_definition_does_not_name_and_are_
 
 
 def test_restart_turns_started_containers_into_restarted_ones():
-    params = dict((k, None) for k in _lxc.CONTAINER_SPEC)
+    params = dict((k, None) for k in _lxc_config.CONTAINER_SPEC)
     params.update(restart=[201, 202], containers=[{'vmid': 200, 'state': 'started'}, {'vmid': 201, 'state': 'started'},
                                                   {'vmid': 202, 'state': 'stopped'}, {'vmid': 203}])
-    assert [s['state'] for s in _lxc.container_specs(params)] == ['started', 'restarted', 'stopped', 'present']
+    assert [s['state'] for s in _lxc_config.container_specs(params)] == ['started', 'restarted', 'stopped', 'present']
 
 
 @pytest.mark.parametrize('name,args', [('fleet_plan', {'containers': []}), ('fleet_report', {'dir': '/tmp'}),
@@ -779,7 +779,7 @@ def test_a_running_container_is_destroyed_only_with_force():
     def plan(status, force):
         return {'vmid': 301, 'node': 'pve1', 'exists': True, 'status': status, 'spec': {'force': force},
                 'res': {'diff': {'before': {}, 'after': {}}}}
-    with pytest.raises(lxc.SpecError, match='vmid 301 is running on pve1: state absent destroys it only with force'):
+    with pytest.raises(_lxc_config.SpecError, match='vmid 301 is running on pve1: state absent destroys it only with force'):
         rec._plan_absent(plan('running', False))
     assert rec._plan_absent(plan('running', True))['destroy'] is True
     assert rec._plan_absent(plan('stopped', False))['destroy'] is True

@@ -100,11 +100,11 @@ def test_driver_packages_not_held_and_no_proc_to_compare(tmp_path):
 
 
 def test_the_newest_userspace_driver_is_the_newest_by_version_not_by_spelling(tmp_path):
-    from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia
+    from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_bundle
     lib = tmp_path / 'lib'
     for version in ('580.105.08', '580.95.05'):
         put(lib, 'libcuda.so.' + version)
-    installed = _nvidia.installed_versions([str(lib)])
+    installed = _nvidia_bundle.installed_versions([str(lib)])
     assert installed == ['580.95.05', '580.105.08']
     proc, root = node(tmp_path, kernels=(RUNNING, NEXT), built=(RUNNING, NEXT), version='580.95.05')
     (other,) = found(proc, root, installed=installed)

@@ -1,4 +1,4 @@
-"""Container definitions checked against PVE's own schema (_pve_schema, generated; _pvecheck; _lxc.validate)."""
+"""Container definitions checked against PVE's own schema (_pve_schema, generated; _pvecheck; _lxc_config.validate)."""
 
 import json
 import os
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _pve_schema, _pvecheck
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc_config, _pve_schema, _pvecheck
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _fleet
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -99,14 +99,14 @@ BAD = [
 @pytest.mark.parametrize('bad,words', BAD, ids=[w for _, w in BAD])
 def test_bad_values_are_refused_naming_the_container_and_the_field(bad, words):
     spec = dict(BASE, **bad)
-    with pytest.raises(_lxc.SpecError) as e:
-        _lxc.validate([spec])
+    with pytest.raises(_lxc_config.SpecError) as e:
+        _lxc_config.validate([spec])
     assert str(e.value).startswith('container (vmid {0}'.format(spec['vmid'])), str(e.value)
     assert words in str(e.value)
 
 
 def test_good_values_pass():
-    _lxc.validate([dict(BASE, hostname='train-0.lab.internal', cores=8192, memory=16, swap=0, onboot=True,
+    _lxc_config.validate([dict(BASE, hostname='train-0.lab.internal', cores=8192, memory=16, swap=0, onboot=True,
                         features=['nesting=1', 'keyctl=yes', 'mount=nfs;cifs'], tags=['gpu', 'train'],
                         net={'net0': 'name=eth0,bridge=vmbr0,ip=10.0.0.5/24,gw=10.0.0.1,ip6=auto',
                              'net31': {'name': 'eth1', 'bridge': 'vmbr1', 'ip': 'dhcp', 'tag': 4094}},
@@ -117,15 +117,15 @@ def test_good_values_pass():
 
 
 def test_a_bare_rootfs_size_goes_on_the_storage_option():
-    assert _lxc.wanted_config(dict(BASE, rootfs='8'))[0]['rootfs'] == 'local-lvm:8'
-    assert _lxc.wanted_config(dict(BASE, rootfs=8, storage='tank'))[0]['rootfs'] == 'tank:8'
+    assert _lxc_config.wanted_config(dict(BASE, rootfs='8'))[0]['rootfs'] == 'local-lvm:8'
+    assert _lxc_config.wanted_config(dict(BASE, rootfs=8, storage='tank'))[0]['rootfs'] == 'tank:8'
 
 
 def test_every_problem_of_every_container_at_once():
     fleet = [dict(BASE, vmid=200, memory=8), dict(BASE, vmid=201, hostname='b', devices=['/dev/nvidia0']),
              dict(BASE, vmid=200, hostname='c')]
-    with pytest.raises(_lxc.SpecError) as e:
-        _lxc.validate(fleet)
+    with pytest.raises(_lxc_config.SpecError) as e:
+        _lxc_config.validate(fleet)
     msg = str(e.value)
     assert msg.startswith('3 problems, nothing was changed: ')
     assert 'containers[0] (vmid 200, hostname ok977): memory: must be a whole number of at least 16' in msg
@@ -138,12 +138,12 @@ def test_fleet_and_lxc_container_keep_one_set_of_rules():
     entry = {'vmid': 200, 'node': 'gpu01'}
     for host in ('train-0', 'train-0.lab.internal'):
         assert _fleet.errors([dict(entry, hostname=host)], nodes) == []
-        _lxc.validate([dict(BASE, hostname=host)])
+        _lxc_config.validate([dict(BASE, hostname=host)])
     for host in ('a_b', 'a' * 64):
         assert [e.split(':')[0] for e in _fleet.errors([dict(entry, hostname=host)], nodes)] == [
             'containers[0] (vmid 200).hostname']
-        with pytest.raises(_lxc.SpecError):
-            _lxc.validate([dict(BASE, hostname=host)])
+        with pytest.raises(_lxc_config.SpecError):
+            _lxc_config.validate([dict(BASE, hostname=host)])
     assert _fleet.errors([dict(entry, hostname='a', memory=8)], nodes) == [
         'containers[0] (vmid 200).memory: must be a whole number of at least 16, got 8']
     assert _fleet.errors([dict(entry, hostname='a', cores=9000)], nodes) == [
@@ -162,8 +162,8 @@ def test_one_reading_of_a_property_string_as_pve_splits_it():
                        ('=x', "'=x' has no key or no value")):
         with pytest.raises(ValueError, match=re.escape(words)):
             _pvecheck.property_pairs(bad)
-        with pytest.raises(_lxc.SpecError, match=re.escape(words)):
-            _lxc.parse_props(bad)
-    assert _lxc.parse_props('local-lvm:8,mp=/data', 'volume') == {'volume': 'local-lvm:8', 'mp': '/data'}
+        with pytest.raises(_lxc_config.SpecError, match=re.escape(words)):
+            _lxc_config.parse_props(bad)
+    assert _lxc_config.parse_props('local-lvm:8,mp=/data', 'volume') == {'volume': 'local-lvm:8', 'mp': '/data'}
     net = _pve_schema.PROPERTIES['net']['format']
     assert "'bridge=' has no key or no value" in _pvecheck.props_problem(net, 'name=eth0,bridge=')

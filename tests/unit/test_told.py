@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc, _pveconf
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc_config, _pveconf
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _drift, _fleet
 from gpufleet.cli import fleet as cli, gpumap, show
 
@@ -22,19 +22,19 @@ def test_each_device_keeps_its_key_and_a_new_one_takes_a_key_never_used():
     wanted = {'dev0': 'mode=0666,path=/dev/nvidia3', 'dev1': 'mode=0666,path=/dev/nvidia2',
               'dev2': 'mode=0666,path=/dev/nvidia1', 'dev3': 'mode=0666,path=/dev/nvidiactl',
               'dev4': 'mode=0666,path=/dev/nvidia-uvm', 'cores': 1}
-    kept = _lxc.keep_device_keys(wanted, current)
+    kept = _lxc_config.keep_device_keys(wanted, current)
     assert devs(kept) == dict(devs(current), dev4='mode=0666,path=/dev/nvidia1')
     assert kept['cores'] == 1
     # a GPU taken away frees its key for a later run, not this one (its deletion may wait for a restart)
     fewer = {'dev0': 'mode=0666,path=/dev/nvidia3', 'dev1': 'mode=0666,path=/dev/nvidiactl',
              'dev2': 'mode=0666,path=/dev/nvidia-uvm', 'dev3': 'mode=0666,path=/dev/nvidia0'}
-    kept = _lxc.keep_device_keys(fewer, current, pending=['dev5'])
+    kept = _lxc_config.keep_device_keys(fewer, current, pending=['dev5'])
     assert devs(kept) == {'dev0': 'mode=0666,path=/dev/nvidia3', 'dev2': 'mode=0666,path=/dev/nvidiactl',
                           'dev3': 'mode=0666,path=/dev/nvidia-uvm', 'dev4': 'mode=0666,path=/dev/nvidia0'}
-    sets, deletes, _before, _after = _lxc.plan_update(kept, {'dev'}, current)
+    sets, deletes, _before, _after = _lxc_config.plan_update(kept, {'dev'}, current)
     assert sets == {'dev4': 'mode=0666,path=/dev/nvidia0'} and deletes == ['dev1']
     # a new container numbers them in order
-    assert _lxc.keep_device_keys(wanted, {}) == wanted
+    assert _lxc_config.keep_device_keys(wanted, {}) == wanted
 
 
 CONF = """arch: amd64
