@@ -230,7 +230,9 @@ def repair_plan(venv, dists, broken, drift, locked, owners, *, installer, instal
     """argv lists, in a safe order: removals (and, with uv, the distributions to reinstall, so that their install
     comes from the cache: uv's --reinstall-package would fetch them again), then everything their removal would
     break, broken, missing and other-version distributions installed; the distributions whose bytes belong at the
-    paths they share (declared overrides, the one the venv's metadata requires) last, so their bytes end on disk."""
+    paths they share (declared overrides, the one the venv's metadata requires) last, so their bytes end on disk.
+    A distribution whose dist-info has no RECORD cannot be uninstalled by any installer: its dist-info is removed
+    first (its files, which nothing names, are overwritten by its reinstall)."""
     winners = winners or {}
     python = os.path.join(venv, 'bin', 'python')
     by_key = dict((d['key'], d) for d in dists)
@@ -265,9 +267,10 @@ def repair_plan(venv, dists, broken, drift, locked, owners, *, installer, instal
     specs = dict((k, pin(k)) for k in reinstall)
     specs.update(install)
     groups = [sorted(k for k in specs if k not in last), sorted(k for k in specs if k in last)]
-    plan = []
+    hollow = sorted(by_key[k]['dist_info'] for k in extra | reinstall if not by_key[k].get('record', True))
+    plan = [['rm', '-rf', '--'] + hollow] if hollow else []
     if installer == 'uv':
-        gone = sorted(by_key[k]['name'] for k in extra | reinstall)
+        gone = sorted(by_key[k]['name'] for k in extra | reinstall if by_key[k].get('record', True))
         if gone:
             plan.append([uv, 'pip', 'uninstall', '--python', python] + gone)
         for group in groups:
@@ -275,8 +278,9 @@ def repair_plan(venv, dists, broken, drift, locked, owners, *, installer, instal
                 plan.append([uv, 'pip', 'install', '--python', python, '--no-deps'] + [specs[k] for k in group]
                             + install_args)
         return plan
-    if extra:
-        plan.append([python, '-m', 'pip', 'uninstall', '-y'] + sorted(by_key[k]['name'] for k in extra))
+    extra_recorded = sorted(by_key[k]['name'] for k in extra if by_key[k].get('record', True))
+    if extra_recorded:
+        plan.append([python, '-m', 'pip', 'uninstall', '-y'] + extra_recorded)
     for group in groups:
         if group:
             plan.append([python, '-m', 'pip', 'install', '--force-reinstall', '--no-deps'] + [specs[k] for k in group]

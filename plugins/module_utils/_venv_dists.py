@@ -44,14 +44,16 @@ def _metadata(dist_info):
 
 
 def distributions(site):
-    """[{name, version, dist_info, files: [(abs path, rel path, hash or None, size or None)]}]."""
+    """[{name, key, version, dist_info, files: [(abs path, rel path, hash or None, size or None)], requires,
+    record}]: record is False where the dist-info has no RECORD to read (a hollow dist-info: no installer can
+    uninstall it, and nothing says which files are its)."""
     out = []
     for dist_info in sorted(glob.glob(os.path.join(site, '*.dist-info'))):
         name, version, requires = _metadata(dist_info)
         if not name:
             base = os.path.basename(dist_info)[:-len('.dist-info')]
             name, _sep, version = base.partition('-')
-        files = []
+        files, record = [], True
         try:
             with io.open(os.path.join(dist_info, 'RECORD'), encoding='utf-8', errors='replace') as fh:
                 for row in csv.reader(fh):
@@ -65,9 +67,9 @@ def distributions(site):
                     size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
                     files.append((path, rel, digest, size))
         except (IOError, OSError):
-            pass
+            record = False
         out.append({'name': name, 'key': canon(name), 'version': version, 'dist_info': dist_info, 'files': files,
-                    'requires': requires})
+                    'requires': requires, 'record': record})
     return out
 
 
@@ -134,10 +136,12 @@ def claims(dists):
 def broken_distributions(dists, mode):
     """RECORD integrity: [{name, version, missing, modified}] of the distributions with a file their RECORD names
     gone (missing) or not as it says (modified): its size in fast mode, its size and sha256 in full mode. Files the
-    RECORD gives no hash (RECORD itself, .pyc files) are not checked."""
+    RECORD gives no hash (RECORD itself, .pyc files) are not checked. A dist-info without its RECORD is missing it."""
     broken = []
     for d in dists:
         missing, modified = [], []
+        if not d.get('record', True):
+            missing.append(os.path.basename(d['dist_info']) + '/RECORD')
         checked = [f for f in d['files'] if f[2] is not None]  # not RECORD itself, nor .pyc files
         stats = stat_files([f[0] for f in checked])  # one system call a file: fast mode's whole cost
         for (path, rel, digest, size), st in zip(checked, stats):

@@ -102,3 +102,16 @@ def test_two_distributions_claiming_one_file_with_the_same_bytes_share_it(tmp_pa
     audit = _venv.audit(venv)
     assert audit['healthy'] is True and audit['findings']['collisions'] == []
     assert audit['shared_files'] == [{'path': 'nsroot/__init__.py', 'claimed_by': ['ns-a', 'ns-b']}]
+
+
+def test_a_dist_info_without_its_record_is_a_broken_distribution(tmp_path):
+    venv, site = torch_like_venv(tmp_path / 'venv')
+    os.remove(os.path.join(site, 'nvidia_cudnnx-9.19.0.dist-info', 'RECORD'))
+    audit = _venv.audit(venv)
+    assert audit['healthy'] is False
+    assert audit['findings']['broken_distributions'] == [
+        {'name': 'nvidia-cudnnx', 'version': '9.19.0', 'missing': ['nvidia_cudnnx-9.19.0.dist-info/RECORD'],
+         'modified': []}]
+    assert audit['plan'] == [['rm', '-rf', '--', os.path.join(site, 'nvidia_cudnnx-9.19.0.dist-info')],
+                             ['uv', 'pip', 'install', '--python', os.path.join(venv, 'bin', 'python'), '--no-deps',
+                              'nvidia-cudnnx==9.19.0']]

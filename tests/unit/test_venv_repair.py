@@ -16,9 +16,14 @@ LOCK = ('nvidia-cudnnx==9.19.0 --hash=sha256:' + 'a' * 64 + '\ntorchlike==2.11.0
 LIBRARY = 'nvidia/cudnnx/lib/libcudnnx.so.9'
 
 
-def active_venv(tmp_path):
-    """A Store whose active venv is the lock's (nothing to build or switch), its library gone; the request that
-    audits and repairs it with the recording installer; where that installer logs its calls."""
+def lose_the_library(site):
+    os.remove(os.path.join(site, LIBRARY))
+
+
+def active_venv(tmp_path, breaks=lose_the_library):
+    """A Store whose active venv is the lock's (nothing to build or switch), broken by breaks(site) (its library
+    gone, by default); the request that audits and repairs it with the recording installer, whose install puts the
+    venv's files back as they were installed; where that installer logs its calls."""
     lock = tmp_path / 'requirements.lock'
     lock.write_text(LOCK)
     store = _venv_build.Store(str(tmp_path / 'venvs'), str(tmp_path / 'venv'))
@@ -29,13 +34,13 @@ def active_venv(tmp_path):
     shutil.copy(str(lock), os.path.join(store.path(vid), _venv_build.LOCK_COPY))
     os.symlink(store.path(vid), store.link)
     store.record([vid])
-    saved = tmp_path / 'libcudnnx.so.9'
-    shutil.copy(os.path.join(site, LIBRARY), str(saved))
-    os.remove(os.path.join(site, LIBRARY))
+    saved = tmp_path / 'installed'
+    shutil.copytree(site, str(saved), symlinks=True)
+    breaks(site)
     calls = tmp_path / 'calls'
     uv = tmp_path / 'uv'
-    uv.write_text('#!/bin/sh\necho "$*" >> {0}\ncase "$2" in install) cp {1} {2} ;; esac\n'.format(
-        calls, saved, os.path.join(site, LIBRARY)))
+    uv.write_text('#!/bin/sh\necho "$*" >> {0}\ncase "$2" in install) cp -a {1}/. {2}/ ;; esac\n'.format(
+        calls, saved, site))
     uv.chmod(0o755)
 
     def request(check):
@@ -64,3 +69,20 @@ def test_a_check_run_says_it_would_repair_and_changes_nothing(tmp_path):
     assert result['audit']['healthy'] is False
     assert result['changed'] is True and result['repaired'] is False and 'repair_audit' not in result
     assert not calls.exists() and not os.path.exists(os.path.join(site, LIBRARY))
+
+
+def test_a_dist_info_without_its_record_is_removed_and_its_distribution_installed_again(tmp_path):
+    # no installer uninstalls a distribution whose RECORD is gone ("RECORD file not found"): its dist-info goes first
+    def lose_the_record(site):
+        os.remove(os.path.join(site, 'torchlike-2.11.0.dist-info', 'RECORD'))
+    store, site, request, calls = active_venv(tmp_path, lose_the_record)
+    result = _venv_build.deploy(request(check=False))
+    assert result['audit']['findings']['broken_distributions'] == [
+        {'name': 'torchlike', 'version': '2.11.0', 'missing': ['torchlike-2.11.0.dist-info/RECORD'], 'modified': []}]
+    # (the audit reads the venv through the link the container uses)
+    assert result['audit']['plan'][0] == ['rm', '-rf', '--', os.path.join(result['audit']['site_packages'],
+                                                                          'torchlike-2.11.0.dist-info')]
+    python = os.path.join(store.link, 'bin', 'python')
+    assert calls.read_text().splitlines() == ['pip install --python {0} --no-deps torchlike==2.11.0'.format(python)]
+    assert result['repair_audit']['healthy'] is True
+    assert os.path.exists(os.path.join(site, 'torchlike-2.11.0.dist-info', 'RECORD'))

@@ -187,3 +187,76 @@ def test_the_fleets_verdict_names_each_container_that_is_not_verified_and_why():
     alone = _verdict.fleet([GOOD], containers[:1], reconcile, run={'id': 'r1'}, check_mode=True)
     assert alone['ok'] is True and alone['mode'] == 'check' and alone['verdict'] == 'verified 1 of 1 container(s)'
     assert _verdict.fleet([], [], {})['ok'] is False  # nothing verified is no clean verdict
+
+
+def test_each_way_a_container_goes_unverified_is_its_own_state_and_words():
+    containers = [{'hostname': 'gone', 'vmid': 300, 'node': 'pve1', 'state': 'absent'},
+                  {'hostname': 'far', 'vmid': 301, 'node': 'pve2'},
+                  {'hostname': 'broke', 'vmid': 302, 'node': 'pve1'},
+                  {'hostname': 'left', 'vmid': 303, 'node': 'pve1'},
+                  {'hostname': 'new', 'vmid': 304, 'node': 'pve1'},
+                  {'hostname': 'waking', 'vmid': 305, 'node': 'pve1'}]
+    reconcile = {'containers': [{'vmid': 300, 'node': 'pve1', 'status': 'absent', 'changed': True},
+                                {'vmid': 302, 'node': 'pve1', 'status': 'running'},
+                                {'vmid': 303, 'node': 'pve1', 'status': 'running'},
+                                {'vmid': 304, 'node': 'pve1', 'status': 'running', 'created': True},
+                                {'vmid': 305, 'node': 'pve1', 'status': 'running', 'power': 'start'}]}
+    why = {
+        'gone': 'CT 300 on pve1 is removed by a run (state absent)',
+        'far': 'CT 301 on pve2 was not reached: the run could not reach its node (unreachable, or a task failed there)',
+        'broke': 'CT 302 on pve1: venv_build: {bad} lock',
+        'left': "CT 303 runs on pve1 but was not verified: this run's --limit (pve1) leaves its container out "
+                '(gpufleet --node pve1, or add gpufleet_containers_pve1 to --limit)',
+        'new': 'CT 304 does not exist on pve1',  # a check run: as found, before the run would create it
+        'waking': 'CT 305 on pve1 is stopped, not running'}  # ... and before it would start it
+    checked = _verdict.fleet([], containers, reconcile, check_mode=True, unreachable=('pve2',),
+                             failed={'broke': 'venv_build: {bad} lock'}, limit='pve1')
+    assert [(r['host'], r['state'], r['why'], r['expected'], r['ok']) for r in checked['containers']] == [
+        ('gone', 'removed', why['gone'], False, None), ('far', 'unreached', why['far'], True, False),
+        ('broke', 'failed', why['broke'], True, False), ('left', 'unreached', why['left'], True, False),
+        ('new', 'missing', why['new'], True, False), ('waking', 'stopped', why['waking'], True, False)]
+    assert all(r['failures'] == ([r['why']] if r['expected'] else []) for r in checked['containers'])
+    assert checked['verdict'] == ('verified 0 of 5 container(s): far (CT 301 on pve2): unreached; broke (CT 302 on '
+                                  'pve1): failed; left (CT 303 on pve1): unreached; new (CT 304 on pve1): missing; '
+                                  'waking (CT 305 on pve1): stopped')
+    ran = _verdict.fleet([], containers, reconcile, group='ct')  # the run made and started them
+    assert [r['state'] for r in ran['containers']] == ['removed', 'unread', 'unreached', 'unreached', 'unreached',
+                                                       'unreached']
+    assert ran['containers'][0]['why'] == 'CT 300 on pve1 was destroyed (state absent)'
+
+
+def test_a_rolled_back_container_is_named_with_both_verdicts_in_the_fleets():
+    back = dict(GOOD, rolled_back={'snapshot': 'gpufleet-1', 'done': True, 'error': None, 'failed': 'verification',
+                                   'change_failed': ['torch_version: expected 2, got 1']})
+    verdict = _verdict.fleet([back], [{'hostname': 'train-0', 'vmid': 200, 'node': 'pve1'}], {}, run={'id': 'r1'})
+    said = ('its change failed verification (torch_version: expected 2, got 1); rolled back to gpufleet-1 and started; '
+            'verified again: ok')
+    assert verdict['containers'][0]['state'] == 'rolled_back' and verdict['containers'][0]['failures'] == [said]
+    assert verdict['verdict'] == 'verified 0 of 1 container(s): train-0 (CT 200 on pve1): ' + said
+    failed = dict(back, rolled_back=dict(back['rolled_back'], done=False, error='snapshot gone'))
+    assert _verdict.row(failed)['failures'] == [
+        'its change failed verification (torch_version: expected 2, got 1); the rollback to gpufleet-1 failed: '
+        'snapshot gone']
+
+
+def test_what_a_report_keeps_of_its_rollback():
+    assert _verdict.rolled_back({'snapshot': 's', 'done': True, 'change': 'uv failed'}) == {
+        'snapshot': 's', 'done': True, 'error': None, 'failed': 'change', 'change_failed': ['uv failed']}
+    assert _verdict.rolled_back({'snapshot': 's', 'done': False, 'msg': 'locked', 'first': bad_report()}) == {
+        'snapshot': 's', 'done': False, 'error': 'locked', 'failed': 'verification',
+        'change_failed': ['device_count: expected 2, got 1']}
+    assert _verdict.rolled_back({'snapshot': 's'})['change_failed'] == ['its verification after the change failed']
+
+
+def test_below_the_venvs_driver_floor_is_a_failure_with_its_fix():
+    meta = {'profile': 'cu13', 'floor': {'driver': '580.65.06', 'cuda': '13', 'wheels': ['nvidia-cudnn-cu13'],
+                                         'why': 'nvidia-cudnn-cu13 is built for CUDA 13.0'}}
+    failure = _verdict.below_floor(meta, '550.163.01')
+    assert failure['check'] == 'driver_floor' and failure['actual'] == '550.163.01'
+    assert failure['why'] == ('the venv profile cu13 needs an NVIDIA driver of at least 580.65.06: its lock\'s '
+                              'nvidia-cudnn-cu13 is built for CUDA 13.0, and CUDA 13.x runs on 580.65.06 or newer')
+    assert failure['expected'] == 'an NVIDIA driver of at least 580.65.06'
+    assert failure['fix'] == ("upgrade the node's driver to 580.65.06 or newer (gpufleet driver-upgrade), or rebuild "
+                              'this venv from a profile whose wheels the driver runs')
+    assert _verdict.below_floor(meta, '580.65.06') is None and _verdict.below_floor(meta, None) is None
+    assert _verdict.below_floor({}, '550.163.01') is None
