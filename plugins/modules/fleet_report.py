@@ -45,9 +45,9 @@ options:
     type: str
     default: pve_nodes
   containers_group:
-    description: The inventory group of the running containers (gpu_container's C(gpu_container_group)).
+    description: The inventory group of the running containers (the one gpu_container adds them to).
     type: str
-    default: gpufleet_containers
+    default: gpufleet_running
   limit:
     description: The run's C(--limit) (C(ansible_limit)), which the verdict names where it leaves containers out.
     type: str
@@ -142,7 +142,7 @@ ARGUMENT_SPEC = {
     'verdict': {'type': 'bool', 'default': True},
     'drift': {'type': 'bool', 'default': False},
     'nodes_group': {'type': 'str', 'default': 'pve_nodes'},
-    'containers_group': {'type': 'str', 'default': 'gpufleet_containers'},
+    'containers_group': {'type': 'str', 'default': 'gpufleet_running'},
     'limit': {'type': 'str'},
     'reads': {'type': 'dict', 'default': {}, 'options': {
         'definition': {'type': 'str', 'default': 'gpufleet_containers'},

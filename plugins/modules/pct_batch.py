@@ -65,7 +65,7 @@ options:
 EXAMPLES = r'''
 - name: Run the venv reads recorded for this node's containers (a check run)
   gpufleet.proxmox.pct_batch:
-    hosts: "{{ groups['gpufleet_containers'] | default([]) }}"
+    hosts: "{{ groups['gpufleet_running'] | default([]) }}"
     var: torch_venv_build
   register: torch_venv_batch_run
 '''

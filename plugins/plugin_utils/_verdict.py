@@ -228,7 +228,7 @@ def nodes(devices):
 
 
 def fleet(reports, containers, reconcile, run=None, check_mode=False, unreachable=(), gpus=None, failed=None,
-          limit=None, group='gpufleet_containers'):
+          limit=None, group='gpufleet_running'):
     """The fleet's verification as one verdict over every container of the fleet definition, not only the ones
     this run reached. reports: the verify role's reports of this run (others, from an earlier run, are ignored
     where run is given); containers: the fleet definition's entries; reconcile: gpu_container's lxc_container

@@ -183,4 +183,4 @@ def test_what_stops_a_run_says_what_to_do(fleet, tmp_path):
     row = next(r for r in result['containers'] if r['host'] == 'told-a')
     assert rc == 1 and row['state'] == 'unreached'
     assert row['why'] == ("CT {0} runs on pve1 but was not verified: this run's --limit (pve1) leaves its container "
-                          'out (gpufleet --node pve1, or add gpufleet_containers_pve1 to --limit)'.format(A))
+                          'out (gpufleet --node pve1, or add gpufleet_running_pve1 to --limit)'.format(A))

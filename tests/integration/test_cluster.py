@@ -317,7 +317,7 @@ def test_a_run_limited_to_some_nodes_leaves_the_others_alone(cluster, tmp_path):
     on(cluster, 'pve2').lxc(222).config.put(cores=2)  # drift on the node the next run does not reach
     on(cluster, 'pve1').lxc(221).config.put(cores=2)  # and on one it does
     limited = run_playbook(open(SITE).read(), tmp_path, '--limit',
-                           'pve1,pve3,gpufleet_containers_pve1,gpufleet_containers_pve3', inventory=CLUSTER)
+                           'pve1,pve3,gpufleet_running_pve1,gpufleet_running_pve3', inventory=CLUSTER)
     assert limited.rc == 0, limited.failures() or limited.stdout[-3000:]
     assert sorted(h for h in limited.stats if not h.startswith('pve')) == ['train-c1', 'util-c3']
     summary = json.loads((tmp_path / 'reports' / 'summary.json').read_text())

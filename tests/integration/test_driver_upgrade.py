@@ -245,7 +245,7 @@ def test_nvidias_installer_on_one_node_and_a_container_that_fails_its_verificati
     assert loaded(cluster, 'pve2') == NEWER and status(cluster, 'pve2', 222) == 'stopped'
     assert loaded(cluster, 'pve1') == OLD['pve1'] and status(cluster, 'pve1', 221) == 'running'
     # site.yml repairs the venv and starts the container on the new driver; the upgrade has nothing left to do
-    repaired = run_playbook(open(SITE).read(), tmp_path, '--limit', 'pve2,gpufleet_containers_pve2', inventory=CLUSTER)
+    repaired = run_playbook(open(SITE).read(), tmp_path, '--limit', 'pve2,gpufleet_running_pve2', inventory=CLUSTER)
     assert repaired.rc == 0, repaired.failures() or repaired.stdout[-3000:]
     assert status(cluster, 'pve2', 222) == 'running'
     again = upgrade(tmp_path, NEWER, '-e', 'gpu_node_driver_install=run', '--limit', 'pve2')

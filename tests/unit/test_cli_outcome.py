@@ -138,9 +138,9 @@ def test_progress_follows_the_events_per_host():
 
 
 def test_node_is_a_limit_to_the_node_and_its_containers():
-    assert fleet.node_limit(['pve1']) == 'pve1,gpufleet_containers_pve1'
-    assert fleet.node_limit(['gpu-01', 'util.02']) == ('gpu-01,gpufleet_containers_gpu_01,'
-                                                      'util.02,gpufleet_containers_util_02')
+    assert fleet.node_limit(['pve1']) == 'pve1,gpufleet_running_pve1'
+    assert fleet.node_limit(['gpu-01', 'util.02']) == ('gpu-01,gpufleet_running_gpu_01,'
+                                                      'util.02,gpufleet_running_util_02')
     from gpufleet.cli.main import build_parser as parser
     with pytest.raises(SystemExit):
         parser().parse_args(['verify', '--node', 'pve1', '--limit', 'pve1'])

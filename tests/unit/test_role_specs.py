@@ -67,3 +67,23 @@ def test_no_role_includes_another_the_playbooks_orchestrate_them():
     upward = ['{0} includes {1} ({2})'.format(path, role, entry) for path, role, entry in role_uses(with_main=True)
               if path.startswith('roles/') and path.split('/')[1] != role]
     assert upward == []
+
+
+def test_the_running_containers_group_has_one_name_and_is_not_the_fleet_definition():
+    import inspect
+    import re
+    from gpufleet.cli import fleet as cli
+    from ansible_collections.gpufleet.proxmox.plugins.modules import fleet_report
+    from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _verdict
+    with open(os.path.join(ROOT, 'roles', 'gpu_container', 'vars', 'main.yml')) as fh:
+        group = yaml.safe_load(fh)['__gpu_container_group']
+    assert group == cli.CONTAINERS_GROUP == fleet_report.ARGUMENT_SPEC['containers_group']['default'] == \
+        inspect.signature(_verdict.fleet).parameters['group'].default == 'gpufleet_running'
+    named = []
+    for pattern in ('playbooks/*.yml', 'molecule/*/*.yml', 'roles/*/tasks/*.yml'):
+        for path in glob.glob(os.path.join(ROOT, pattern)):
+            with open(path) as fh:
+                for line in fh:
+                    named += [(os.path.relpath(path, ROOT), g) for g in re.findall(r'\bgpufleet_\w+', line)
+                              if 'hosts:' in line or 'groups[' in line or ' in groups' in line]
+    assert named and all(g == group or g.startswith(group + '_') for _path, g in named), named

@@ -206,7 +206,7 @@ def test_each_way_a_container_goes_unverified_is_its_own_state_and_words():
         'far': 'CT 301 on pve2 was not reached: the run could not reach its node (unreachable, or a task failed there)',
         'broke': 'CT 302 on pve1: venv_build: {bad} lock',
         'left': "CT 303 runs on pve1 but was not verified: this run's --limit (pve1) leaves its container out "
-                '(gpufleet --node pve1, or add gpufleet_containers_pve1 to --limit)',
+                '(gpufleet --node pve1, or add gpufleet_running_pve1 to --limit)',
         'new': 'CT 304 does not exist on pve1',  # a check run: as found, before the run would create it
         'waking': 'CT 305 on pve1 is stopped, not running'}  # ... and before it would start it
     checked = _verdict.fleet([], containers, reconcile, check_mode=True, unreachable=('pve2',),

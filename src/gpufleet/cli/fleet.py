@@ -26,7 +26,7 @@ import time
 from . import metrics, report, secrets, show
 
 CLEAN, ERROR, DRIFT, ORPHANS, UNREACHABLE = 0, 1, 2, 3, 4
-CONTAINERS_GROUP = 'gpufleet_containers'  # the gpu_container role's gpu_container_group
+CONTAINERS_GROUP = 'gpufleet_running'  # the group the gpu_container role adds the running containers to
 PLAYBOOKS = {'up': 'gpufleet.proxmox.site', 'drift': 'gpufleet.proxmox.drift', 'verify': 'gpufleet.proxmox.verify',
              'doctor': 'gpufleet.proxmox.doctor', 'driver-upgrade': 'gpufleet.proxmox.driver_upgrade',
              'rollback': 'gpufleet.proxmox.rollback'}
