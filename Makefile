@@ -1,7 +1,7 @@
 # gpufleet.proxmox — everything runs from this checkout, as root, on Debian 12 / Ubuntu 24.04.
 #   make demo   install what is needed, bring the lab up, run site.yml on it (gpufleet up: its verification table)
-#   make test   every test: unit, lab integration, molecule scenarios, ansible-lint (production profile),
-#               ansible-test sanity
+#   make test   every test: unit, planted bugs, lab integration, molecule scenarios, ansible-lint (production
+#               profile), ansible-test sanity, and the newest ansible-core on Python 3.13 (unit, a lab run)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
@@ -11,13 +11,13 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 APT_PACKAGES := python3 python3-venv python3-dev gcc lxc debootstrap openssh-server openssh-client \
 	nftables iproute2 uidmap ca-certificates shellcheck zstd chromium
 
-.PHONY: demo test deps venv lab-up lab-down lab-status unit integration molecule lint sanity bench clean planted mutants
+.PHONY: demo test deps venv lab-up lab-down lab-status unit integration molecule lint sanity bench clean planted mutants newest
 
 demo: deps venv lab-up
 	gpufleet up -i inventories/lab
 	gpufleet lab status
 
-test: deps venv lab-up unit planted integration molecule lint sanity
+test: deps venv lab-up unit planted integration molecule lint sanity newest
 
 deps:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
@@ -67,6 +67,11 @@ lint: venv
 
 sanity: venv
 	tests/sanity/run.sh
+
+# the newest ansible-core pyproject.toml allows, on Python 3.13 (a Debian 13 root from the lab's base): the unit suite,
+# and gpufleet up, drift and verify on the lab
+newest: venv lab-up
+	tests/newest/run.sh smoke
 
 bench: venv lab-up
 	python bench/lab_bench.py

@@ -119,10 +119,16 @@ def code_version():
 
 
 def daemon_version(lab):
-    """What the running daemon must have been started with: the lab's code and the cluster's nodes (it serves
-    the nodes it found at its start)."""
+    """What the running daemon must have been started with: the lab's code, the cluster's nodes (it serves
+    the nodes it found at its start) and the API's certificate (it loads it at its start)."""
+    import hashlib
     import json
-    return '{0} {1}'.format(code_version(), json.dumps(lab.node_specs(), sort_keys=True))
+    try:
+        with open(os.path.join(lab.tls_dir, 'server.pem'), 'rb') as fh:
+            cert = hashlib.sha256(fh.read()).hexdigest()[:16]
+    except OSError:
+        cert = None
+    return '{0} {1} {2}'.format(code_version(), json.dumps(lab.node_specs(), sort_keys=True), cert)
 
 
 def start_daemon(lab):

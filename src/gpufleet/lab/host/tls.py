@@ -22,7 +22,12 @@ def ensure_tls(lab):
     if os.path.exists(server) and os.path.exists(lab.ca_file):
         with open(server, 'rb') as fh:
             cert = x509.load_pem_x509_certificate(fh.read())
-        if cert.not_valid_after_utc > now + datetime.timedelta(days=7):
+        try:  # one made before the lab gave its certificates their key identifiers is made again
+            cert.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier)
+            current = True
+        except x509.ExtensionNotFound:
+            current = False
+        if current and cert.not_valid_after_utc > now + datetime.timedelta(days=7):
             return
     os.makedirs(lab.tls_dir, mode=0o700, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -34,6 +39,7 @@ def ensure_tls(lab):
           .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
                                        data_encipherment=False, key_agreement=False, key_cert_sign=True,
                                        crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
           .sign(ca_key, hashes.SHA256()))
     key = ec.generate_private_key(ec.SECP256R1())
     names = [x509.DNSName('localhost'), x509.DNSName(lab.node),
@@ -45,6 +51,10 @@ def ensure_tls(lab):
             .add_extension(x509.SubjectAlternativeName(names), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            # the key identifiers a CA's tools write (openssl's default v3 extensions): Python 3.13 and later verify
+            # strictly (ssl.VERIFY_X509_STRICT) and refuse a certificate that lacks its Authority Key Identifier
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))
     pem = serialization.Encoding.PEM
     _write(lab.ca_file, ca.public_bytes(pem), 0o644)
