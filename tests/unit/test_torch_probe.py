@@ -2,10 +2,10 @@
 named 'probe' with what happened, never a verification without failures; a venv without torch fails its import."""
 
 import os
-import subprocess
-import sys
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _torch_probe
+
+from fixtures import make_venv
 
 PARAMS = {'expect_torch_version': '2.11.0+cu128', 'expect_device_count': 1, 'require_cuda': True, 'timeout': 60}
 
@@ -29,9 +29,8 @@ def test_a_probe_that_dies_is_a_probe_failure_with_its_last_words(tmp_path):
 
 
 def test_a_venv_without_torch_fails_its_import(tmp_path):
-    venv = tmp_path / 'venv'
-    subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)], check=True)
-    result = _torch_probe.verify(str(venv), PARAMS, dev_dir=str(tmp_path))
+    venv, _site = make_venv(tmp_path / 'venv')
+    result = _torch_probe.verify(venv, PARAMS, dev_dir=str(tmp_path))
     assert [f['check'] for f in result['failures']][:1] == ['import']
     assert "No module named 'torch'" in result['failures'][0]['actual']
-    assert os.path.isdir(str(venv))
+    assert os.path.isdir(venv)
