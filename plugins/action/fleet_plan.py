@@ -30,7 +30,8 @@ def nodes_seen(hostvars, nodes):
                      'control': sorted(control) if isinstance(control, dict) else None,
                      'driver': host_var(hostvars, name, 'gpu_node_driver', {}).get('path') or '',
                      'shares': host_var(hostvars, name, 'gpu_node_shared', []),
-                     'held': devices.get('held') or {}, 'driver_version': devices.get('driver_version')}
+                     'held': devices.get('held') or {}, 'driver_version': devices.get('driver_version'),
+                     'vendor': devices.get('vendor')}
     return out
 
 

@@ -14,7 +14,8 @@ import stat
 import subprocess
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _nvidia_bundle, _nvidia_kernel, _pveconf
-from ansible_collections.gpufleet.proxmox.plugins.module_utils._nvidia_devices import CONTROL_NODES, UVM_NODES, char_majors, gpu_indexes, node_info
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._devnodes import char_majors, node_info
+from ansible_collections.gpufleet.proxmox.plugins.module_utils._nvidia_devices import CONTROL_NODES, GPU_NODE, UVM_NODES, gpu_indexes
 
 
 VERSION_RE = re.compile(r'Kernel Module(?: for [^ ]+)?\s+(\d+\.\d+(?:\.\d+)?)')
@@ -208,7 +209,7 @@ def discover_node(params, check=False):
     # hand), read from PVE's own config files
     conf_dir = os.path.join(p['pve_root'], 'nodes', p['node'], 'lxc') if p.get('node') else os.path.join(
         p['pve_root'], 'lxc')
-    by_path = _pveconf.gpu_holders(conf_dir)
+    by_path = _pveconf.gpu_holders(conf_dir, GPU_NODE)
     facts['held'] = dict((g['index'], by_path['/dev/nvidia{0}'.format(g['minor'])]) for g in facts.get('gpus') or []
                          if g.get('index') is not None and g.get('minor') is not None
                          and '/dev/nvidia{0}'.format(g['minor']) in by_path)
@@ -218,4 +219,5 @@ def discover_node(params, check=False):
         facts['installed_versions'] = _nvidia_bundle.installed_versions((p['bundle'] or {}).get('lib_dirs') or [])
         facts['findings'].extend(_nvidia_kernel.findings(facts['kernels'], facts['driver_version'],
                                                          facts['installed_versions'], p['driver_hold']))
+    facts['vendor'] = 'nvidia'
     return {'changed': False, 'ansible_facts': {'gpufleet_gpu_devices': facts}}

@@ -69,17 +69,17 @@ def replace(text, entries):
     return '\n'.join(new) + '\n'
 
 
-def ours(targets=(), majors=()):
-    """A test of the raw lines the collection writes, which it manages while leaving the others alone: a bind of an
-    NVIDIA device node (raw passthrough), a bind at one of the fleet's mount targets (its driver bundle's, its
-    shares'; relative, as lxc.mount.entry names them) and a cgroup rule for a device of one of the NVIDIA majors."""
+def ours(is_device, targets=(), majors=()):
+    """A test of the raw lines the collection writes, which it manages while leaving the others alone: a bind of a
+    GPU vendor's device node (is_device(path): raw passthrough), a bind at one of the fleet's mount targets (its driver bundle's, its
+    shares'; relative, as lxc.mount.entry names them) and a cgroup rule for a device of one of the GPUs' majors."""
     targets = set(t.strip('/') for t in targets)
     majors = set(str(m) for m in majors)
 
     def test(entry):
         key, words = entry[0], entry[1].split()
         if key == 'lxc.mount.entry' and words:
-            return words[0].startswith('/dev/nvidia') or (len(words) > 1 and words[1].strip('/') in targets)
+            return bool(is_device(words[0])) or (len(words) > 1 and words[1].strip('/') in targets)
         if key.endswith('.devices.allow') and len(words) > 1:
             return words[1].split(':')[0] in majors
         return False
@@ -109,16 +109,15 @@ def apply(path, entries, check_mode=False, owned=None):
 
 
 # A GPU's device node as a container gets it: a devN (path=/dev/nvidiaN, or the path alone, its default key) or a raw
-# mount entry of it (PVE before 8.1, and hand-made configs).
-GPU_NODE = re.compile(r'^/dev/nvidia(\d+)$')
+# mount entry of it (PVE before 8.1, and hand-made configs); which paths are a GPU's is its vendor's (_gpu gpu_node).
 DEVN = re.compile(r'^dev\d+:\s*(.*)$')
 CONF = re.compile(r'^(\d+)\.conf$')
 
 
-def held_nodes(text):
-    """(hostname, [/dev/nvidiaN paths]) of a container's config file: its devN and raw mount entries in the main
-    section and in its pending changes ([pve:pending], which take effect at its next start); snapshots' sections are
-    not the container's now. pve-container src/PVE/LXC/Config.pm parse_pct_config reads these sections."""
+def held_nodes(text, gpu_node):
+    """(hostname, [GPU device node paths]: those gpu_node matches) of a container's config file: its devN and raw
+    mount entries in the main section and in its pending changes ([pve:pending], which take effect at its next
+    start); snapshots' sections are not the container's now. pve-container src/PVE/LXC/Config.pm parse_pct_config reads these sections."""
     name, paths, section = None, [], ''
     for line in text.splitlines():
         if line.startswith('['):
@@ -134,17 +133,17 @@ def held_nodes(text):
             path = next((p[len('path='):] for p in parts if p.startswith('path=')), None)
             if path is None and parts and '=' not in parts[0]:
                 path = parts[0]  # the default key (devN: /dev/nvidia0)
-            if path and GPU_NODE.match(path.strip()):
+            if path and gpu_node.match(path.strip()):
                 paths.append(path.strip())
         raw = RAW_LINE.match(line)
         if raw and raw.group(1) == 'lxc.mount.entry':
             source = raw.group(2).split()[0] if raw.group(2).split() else ''
-            if GPU_NODE.match(source):
+            if gpu_node.match(source):
                 paths.append(source)
     return name, sorted(set(paths))
 
 
-def gpu_holders(conf_dir):
+def gpu_holders(conf_dir, gpu_node):
     """{/dev/nvidiaN: [{vmid, name}]}: the containers of a node (its PVE config files, conf_dir: /etc/pve/lxc or
     /etc/pve/nodes/<node>/lxc) that are given each GPU device node, whoever made them."""
     out = {}
@@ -158,7 +157,7 @@ def gpu_holders(conf_dir):
             continue
         try:
             with open(os.path.join(conf_dir, file_name)) as fh:
-                name, paths = held_nodes(fh.read())
+                name, paths = held_nodes(fh.read(), gpu_node)
         except (IOError, OSError):
             continue
         for path in paths:

@@ -9,7 +9,6 @@ Standard library only (the probe itself runs inside the venv, where torch is).
 """
 
 
-import glob
 import json
 import os
 import re
@@ -17,7 +16,7 @@ import stat
 import subprocess
 import time
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_devices, _venv
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _devnodes, _gpu, _venv
 
 # Runs with the venv's interpreter; prints one JSON document on its last line. argv[1]: options as JSON.
 PROBE = r'''
@@ -147,8 +146,8 @@ def _tail(text, lines=15):
 
 
 def device_paths(dev_dir='/dev'):
-    """The /dev/nvidia* nodes here (not the nvidia-caps directory)."""
-    return [p for p in sorted(glob.glob(os.path.join(dev_dir, 'nvidia*'))) if not os.path.isdir(p)]
+    """The GPU vendor's device nodes here (NVIDIA's: /dev/nvidia*, not the nvidia-caps directory)."""
+    return _gpu.vendor().container_nodes(dev_dir)
 
 
 def device_access(dev_dir, user):
@@ -157,7 +156,7 @@ def device_access(dev_dir, user):
     ({user, nodes: {path: result}}, [failures])."""
     paths = device_paths(dev_dir)
     try:
-        nodes = _nvidia_devices.probe_open_as(paths, user) if paths else {}
+        nodes = _devnodes.probe_open_as(paths, user) if paths else {}
     except KeyError:
         return {'user': user, 'nodes': {}}, [{'check': 'device_access', 'expected': 'a user {0} in the container'.format(
             user), 'actual': 'no such user'}]
@@ -177,17 +176,17 @@ def device_access(dev_dir, user):
 
 
 def diagnose_devices(dev_dir='/dev', expect_count=None, expect_driver=None, driver=None):
-    """Which /dev/nvidia* exist here, what opening each gives and why, and what is missing."""
-    nodes = []
+    """Which of the GPU vendor's device nodes exist here, what opening each gives and why, and what is missing."""
+    vendor, nodes = _gpu.vendor(), []
     for path in device_paths(dev_dir):
-        result = _nvidia_devices.probe_open(path)
+        result = _devnodes.probe_open(path)
         item = {'path': path, 'open': result}
         if result in ERRNO_WHY:
             item['why'] = ERRNO_WHY[result]
         nodes.append(item)
     present = set(os.path.basename(n['path']) for n in nodes)
-    gpus = [n for n in present if re.match(r'^nvidia\d+$', n)]
-    missing = [name for name in ('nvidiactl', 'nvidia-uvm') if name not in present]
+    gpus = [n for n in present if vendor.gpu_node.match('/dev/' + n)]
+    missing = [name for name in vendor.required_nodes if name not in present]
     notes = []
     if not nodes:
         notes.append('no /dev/nvidia* device nodes: the container has no GPU passthrough')

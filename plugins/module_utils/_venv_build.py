@@ -31,7 +31,7 @@ import tempfile
 import time
 import zipfile
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_userspace, _venv, _venv_dists, _venv_python, _verify_record
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _gpu, _venv, _venv_dists, _venv_python, _verify_record
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._files import (
     read_json, read_text, replace_link, write_json, write_text)
 
@@ -504,11 +504,11 @@ def call(params, check):
         try:
             step = (driver['node_version'], driver['mode'], driver['mount'], driver['require_match'])
             if hold:
-                ahead = _nvidia_userspace.driver_step(*step, check=True)[0]
+                ahead = _gpu.vendor().driver_step(*step, check=True)[0]
                 if ahead['changed']:
                     # the driver the container loads would change: held before anything is touched
                     return dict(changed=True, held={'driver': True, 'venv': None}, driver=ahead, link=params['link'])
-            extra['driver'], failed = _nvidia_userspace.driver_step(*step, check=check)
+            extra['driver'], failed = _gpu.vendor().driver_step(*step, check=check)
         except (IOError, OSError) as e:
             return dict(failed=True, msg='venv_build: the driver step: {0}'.format(e))
         if failed:

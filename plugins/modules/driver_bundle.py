@@ -81,19 +81,20 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_bundle
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _gpu
 
 
 def main():
-    module = AnsibleModule(argument_spec=dict(_nvidia_bundle.BUNDLE_SPEC, version=dict(type='str', required=True)),
+    vendor = _gpu.vendor()
+    module = AnsibleModule(argument_spec=dict(vendor.bundle_spec, version=dict(type='str', required=True)),
                            supports_check_mode=True)
     p = module.params
     path = os.path.join(p['dest'], p['version'])
     try:
-        wanted = _nvidia_bundle.bundle_files(p['version'], p['lib_dirs'], p['libs'], p['bin_dirs'], p['bins'])
-    except _nvidia_bundle.BundleError as e:
+        wanted = vendor.bundle_files(p['version'], p['lib_dirs'], p['libs'], p['bin_dirs'], p['bins'])
+    except vendor.bundle_error as e:
         module.fail_json(msg=str(e))
-    changed = _nvidia_bundle.gather_bundle(path, wanted, module.check_mode)
+    changed = vendor.gather_bundle(path, wanted, module.check_mode)
     module.exit_json(changed=changed, path=path, files=sorted(rel for _s, rel, _l in wanted))
 
 

@@ -41,6 +41,13 @@ attributes:
     support: none
     description: Nothing to show.
 options:
+  vendor:
+    description:
+      - The node's GPU vendor, whose discovery runs (module_utils C(_gpu), the GPU vendor seam). Its facts say it as
+        C(vendor), and the fleet's plan asks that vendor for the device nodes of the node's containers.
+    type: str
+    choices: [nvidia]
+    default: nvidia
   dev_dir:
     description: Where the device nodes are.
     type: path
@@ -159,7 +166,8 @@ ansible_facts:
   contains:
     gpufleet_gpu_devices:
       description:
-        - C(gpus) (index, path, major, minor, mode, and pci_bus_id, uuid, name where nvidia-smi answers),
+        - C(vendor) (the GPU vendor that discovered them), C(gpus) (index, path, major, minor, mode, and pci_bus_id,
+          uuid, name where nvidia-smi answers),
           C(count), C(control) (nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools by name), C(caps),
           C(majors), C(uvm_major), C(driver_version), C(findings) (code, msg, fix, and path for a share, the
           bundle or a boot file), C(nvidia_smi) (the one that answered), C(persistenced) (the path of nvidia-persistenced where it is installed, else null),
@@ -180,9 +188,10 @@ ansible_facts:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia, _nvidia_bundle
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _gpu
 
-ARGUMENT_SPEC = dict(dev_dir=dict(type='path', default='/dev'),
+ARGUMENT_SPEC = dict(vendor=dict(type='str', choices=sorted(_gpu.VENDORS), default=_gpu.DEFAULT),
+                     dev_dir=dict(type='path', default='/dev'),
                      proc_root=dict(type='path', default='/proc'),
                      nvidia_smi=dict(type='path'),
                      shares=dict(type='list', elements='dict', default=[], options=dict(
@@ -206,7 +215,7 @@ def checked_bundle(params):
     in, None), or (None, the message that names what is wrong)."""
     if not isinstance(params.get('bundle'), dict):
         return params, None
-    checked = ArgumentSpecValidator(_nvidia_bundle.BUNDLE_SPEC).validate(params['bundle'])
+    checked = ArgumentSpecValidator(_gpu.vendor(params.get('vendor')).bundle_spec).validate(params['bundle'])
     if checked.error_messages:
         return None, 'bundle: {0}'.format('; '.join(checked.error_messages))
     return dict(params, bundle=checked.validated_parameters), None
@@ -217,7 +226,7 @@ def main():
     params, error = checked_bundle(module.params)
     if error:
         module.fail_json(msg=error)
-    module.exit_json(**_nvidia.discover_node(params, module.check_mode))
+    module.exit_json(**_gpu.discover_node(params, module.check_mode))
 
 
 if __name__ == '__main__':

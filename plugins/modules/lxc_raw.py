@@ -106,7 +106,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _pveconf
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _gpu, _pveconf
 
 
 def _lines(entries):
@@ -124,7 +124,7 @@ def main():
         mutually_exclusive=[('vmid', 'containers')], supports_check_mode=True)
     p = module.params
     wanted = {p['vmid']: p['entries']} if p['vmid'] is not None else p['containers']
-    owned = _pveconf.ours(p['owned']['targets'], p['owned']['majors']) if p['owned'] is not None else None
+    owned = _pveconf.ours(_gpu.any_device_node, p['owned']['targets'], p['owned']['majors']) if p['owned'] is not None else None
     changed, before, after, path, entries, lines = [], [], [], None, [], {}
     for vmid in sorted(wanted, key=int):
         path = _pveconf.conf_path(p['pve_root'], p['node'], vmid)

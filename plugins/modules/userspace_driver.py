@@ -78,7 +78,7 @@ changed_files:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_userspace
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _gpu
 
 
 def main():
@@ -88,8 +88,8 @@ def main():
         supports_check_mode=True)
     p = module.params
     try:
-        result, failed = _nvidia_userspace.driver_step(p['node_version'], p['mode'], p['mount'], p['require_match'],
-                                                       module.check_mode)
+        result, failed = _gpu.vendor().driver_step(p['node_version'], p['mode'], p['mount'], p['require_match'],
+                                                  module.check_mode)
     except (IOError, OSError) as e:
         module.fail_json(msg='userspace_driver: {0}'.format(e))
     if failed:

@@ -6,7 +6,7 @@ what a repair run would change), as items {stage, item, detail} per node and per
 
 import re
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_bundle
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _gpu, _pvecheck
 
 # A container's mount points and devices (mpN, devN): the fleet's, all of them.
 HAND_MADE = re.compile(r'^(mp|dev)[0-9]+$')
@@ -25,10 +25,18 @@ NODE_MENDED = ('nvidiactl_missing', 'gpu_nodes_missing', 'uvm_not_loaded', 'uvm_
                'file_stale', 'share_missing', 'share_owner', 'share_mode')
 
 
+def _devn_path(value):
+    """The device path of a devN value ('' where it has none or is no property string)."""
+    try:
+        return dict(_pvecheck.property_pairs(value or '', 'path')).get('path', '')
+    except ValueError:
+        return ''
+
+
 def mended_by_a_run(finding):
     """Whether a run's node stage mends this discovery finding (NODE_MENDED, or a driver bundle it can gather)."""
     return finding.get('code') in NODE_MENDED or (finding.get('code') == 'bundle_stale'
-                                                  and finding.get('fix') == _nvidia_bundle.GATHER)
+                                                  and finding.get('fix') in [v.gather_fix for v in _gpu.VENDORS.values()])
 
 
 def node(gpu_devices):
@@ -123,7 +131,7 @@ def containers(reconcile, fleet, check_mode=True, devices=None, gpus=None):
                 if key == 'node':
                     detail = moved(vmid, after.get(key), before.get(key), (gpus or {}).get(vmid) or [], devices,
                                    res.get('move_refused'))
-                elif key.startswith('dev') and after.get(key) is None and '/dev/nvidia' in str(before.get(key)):
+                elif key.startswith('dev') and after.get(key) is None and _gpu.any_device_node(_devn_path(before.get(key))):
                     detail = '{0} is no longer given to CT {1}: a repair removes it'.format(_named(key, before), vmid)
                 elif HAND_MADE.match(key) and after.get(key) is None and before.get(key) is not None:
                     # the fleet owns a container's mount points and devices: one it does not declare is removed

@@ -11,7 +11,7 @@ A fleet entry (see roles/gpu_container/meta/argument_specs.yml):
 
 import re
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia_devices, _pvecheck, _snapshot
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _gpu, _pvecheck, _snapshot
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._pve import pve_version, use_token
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _profile
 
@@ -271,25 +271,26 @@ def errors(fleet, nodes, pve=None, is_root_password=True, gpu_sharing=False, pas
     return out
 
 
-def gpu_nodes(entry, node_gpus, mode=GPU_MODE, gid=None, control=None, minors=None):
+def gpu_nodes(entry, node_gpus, mode=GPU_MODE, gid=None, control=None, minors=None, vendor=None):
     """The device nodes a container's GPUs need: its /dev/nvidiaN, then the control nodes (none without GPUs; the
     optional ones only where the node has them, control being the names it has or None), each with the mode (and
-    group) the container's users open them with: the entry's gpu_mode/gpu_gid over the fleet's."""
+    group) the container's users open them with: the entry's gpu_mode/gpu_gid over the fleet's. vendor: the node's GPU
+    vendor's name (_gpu; the default's where None)."""
     access = {'mode': entry.get('gpu_mode') or mode}
     gid = entry.get('gpu_gid', gid)
     if gid is not None:
         access['gid'] = gid
-    paths = _nvidia_devices.passthrough_paths(gpu_list(entry, node_gpus), control, minors)
+    paths = _gpu.vendor(vendor).passthrough_paths(gpu_list(entry, node_gpus), control, minors)
     return [dict(access, path=p) for p in paths]
 
 
-def raw_lines(devices, majors):
+def raw_lines(devices, majors, vendor=None):
     """The PVE < 8.1 way: raw lxc.* lines for the same device nodes (mount entries and cgroup2 rules)."""
     lines = []
     for dev in devices:
         path = dev['path']
         name = path[len('/dev/'):]
-        major, minor = _nvidia_devices.numbers(path, majors)
+        major, minor = _gpu.vendor(vendor).device_numbers(path, majors)
         if major is not None and minor is not None:
             lines.append('lxc.cgroup2.devices.allow: c {0}:{1} rw'.format(major, minor))
         lines.append('lxc.mount.entry: {0} dev/{1} none bind,optional,create=file'.format(path, name))
@@ -321,7 +322,7 @@ class Fleet(object):
     plain containers lxc_container reconciles (the fleet_plan action).
 
     nodes: {node: {indexes: [GPU indexes] or None where gpu_node did not run, minors: {GPU index: device minor},
-    gpus: [gpu_devices' entry per GPU], majors: {name: major}, control: [names of the NVIDIA control nodes it has]
+    gpus: [gpu_devices' entry per GPU], majors: {name: major}, control: [names of the GPU control nodes it has]
     or None, driver: the driver bundle's path on the node or '', shares: [{path, mp, read_only}], reached: False for
     a node of the cluster that this run does not reach (its containers are checked, and left out of the plan)}}.
     driver_mount: where a node's driver bundle is bound into its GPU containers ('' for none).
@@ -512,7 +513,7 @@ class Fleet(object):
         """The device nodes the entry's GPUs need on its node (see gpu_nodes)."""
         node = self.node(entry)
         return gpu_nodes(entry, self.gpus.get(entry['node']), self.gpu_mode, self.gpu_gid, node.get('control'),
-                         node.get('minors'))
+                         node.get('minors'), node.get('vendor'))
 
     def node_mounts(self, entry):
         """[{path, mp, read_only}]: the node paths the fleet binds into the entry's container (see mount_line): its
@@ -571,8 +572,9 @@ class Fleet(object):
             node = self.node(entry)
             lines = []
             if per_node(modes, entry['node']) == 'raw':
-                devices = gpu_nodes(entry, self.gpus.get(entry['node']), minors=node.get('minors'))
-                lines = raw_lines(devices, node.get('majors') or {})
+                devices = gpu_nodes(entry, self.gpus.get(entry['node']), minors=node.get('minors'),
+                                    vendor=node.get('vendor'))
+                lines = raw_lines(devices, node.get('majors') or {}, node.get('vendor'))
             out.setdefault(entry['node'], {})[entry['vmid']] = lines + [mount_line(m) for m in self.node_mounts(entry)]
         return out
 

@@ -11,7 +11,7 @@ import re
 
 import yaml
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils._nvidia_kernel import version_key
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _gpu
 
 FILES = ('profile.yml', 'requirements.lock')
 
@@ -133,7 +133,8 @@ def below_floor(driver, floor):
     either is unknown."""
     if not driver or not floor:
         return False
-    return version_key(str(driver)) < version_key(floor['driver'])
+    key = _gpu.vendor().version_key
+    return key(str(driver)) < key(floor['driver'])
 
 
 def floor_words(profile, floor):

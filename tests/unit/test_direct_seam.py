@@ -54,7 +54,7 @@ def test_without_the_direct_path_every_call_is_the_modules_own(monkeypatch):
     monkeypatch.setenv('GPUFLEET_DIRECT', '0')
     assert _direct.supported() is False
     action = Action()
-    assert _direct.execute(action, '_nvidia:discover_node', {}, {'root': '/'}, {}) == {'changed': False,
+    assert _direct.execute(action, '_gpu:discover_node', {}, {'root': '/'}, {}) == {'changed': False,
                                                                                        'ran': 'the module'}
     assert action.calls == [{'module_name': 'gpufleet.proxmox.gpu_devices', 'module_args': {'root': '/'},
                              'task_vars': {}, 'wrap_async': False}, ('removed', '/tmp/x')]

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _lxc, _lxc_config, _nvidia_devices, _pve, _pveconf, _venv, _venv_build, _venv_requires
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _gpu, _lxc, _lxc_config, _nvidia_devices, _pve, _pveconf, _venv, _venv_build, _venv_requires
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _drift, _fleet, _verdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -180,7 +180,7 @@ def test_the_collections_raw_lines_are_managed_and_the_operators_left_alone(tmp_
                     'lxc.mount.entry: /opt/gpufleet/driver/570.172.08 opt/nvidia-driver none bind,ro,create=dir 0 0\n'
                     'lxc.mount.entry: /srv/data srv/data none bind 0 0\nlxc.cgroup2.devices.allow: c 195:3 rw\n'
                     'lxc.cgroup2.devices.allow: c 10:200 rwm\n\n[before]\nlxc.mount.entry: /old opt/nvidia-driver\n')
-    owned = _pveconf.ours(['/opt/nvidia-driver'], ['195', '509'])
+    owned = _pveconf.ours(_gpu.any_device_node, ['/opt/nvidia-driver'], ['195', '509'])
     line = 'lxc.mount.entry: /opt/gpufleet/driver/580.95.05 opt/nvidia-driver none bind,ro,create=dir 0 0'
     changed, before, after = _pveconf.apply(str(conf), _pveconf.normalize([line]), owned=owned)
     # the bundle's old bind and a GPU's cgroup rule were the collection's; memlock, the /srv bind and /dev/net/tun's

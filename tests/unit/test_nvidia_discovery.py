@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _nvidia, _nvidia_devices
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _devnodes, _nvidia, _nvidia_devices
 
 from fixtures import nvidia_node
 
@@ -52,7 +52,7 @@ def test_a_uvm_node_left_from_before_a_reload_is_stale_by_its_major_or_its_minor
 
 def test_a_containers_config_lines_carry_the_uvm_major_the_node_has_now(tmp_path):
     dev, proc, _smi = nvidia_node(str(tmp_path), CROSSED, uvm_major=236, smi=False)
-    majors = _nvidia_devices.char_majors(proc)
+    majors = _devnodes.char_majors(proc)
     assert _nvidia_devices.numbers('/dev/nvidia-uvm', majors) == (236, 0)
     assert _nvidia_devices.numbers('/dev/nvidia-uvm-tools', majors) == (236, 1)
     assert _nvidia_devices.numbers('/dev/nvidia1', majors) == (195, 1)

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _lxc_config, _pveconf
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _gpu, _lxc_config, _pveconf
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _drift, _fleet
 from gpufleet.cli import fleet as cli, gpumap, show
 
@@ -53,16 +53,16 @@ dev3: path=/dev/nvidia7
 
 
 def test_the_gpus_a_container_holds_are_read_from_its_config(tmp_path):
-    assert _pveconf.held_nodes(CONF) == ('old-job', ['/dev/nvidia4', '/dev/nvidia5', '/dev/nvidia6'])
+    assert _pveconf.held_nodes(CONF, _gpu.vendor().gpu_node) == ('old-job', ['/dev/nvidia4', '/dev/nvidia5', '/dev/nvidia6'])
     d = tmp_path / 'lxc'
     d.mkdir()
     (d / '299.conf').write_text(CONF)
     (d / '300.conf').write_text('hostname: other\ndev0: path=/dev/nvidia4\n')
     (d / 'notes.txt').write_text('dev0: path=/dev/nvidia0\n')
-    held = _pveconf.gpu_holders(str(d))
+    held = _pveconf.gpu_holders(str(d), _gpu.vendor().gpu_node)
     assert held['/dev/nvidia4'] == [{'vmid': 299, 'name': 'old-job'}, {'vmid': 300, 'name': 'other'}]
     assert '/dev/nvidia7' not in held and '/dev/nvidia0' not in held  # a snapshot's, and not a config
-    assert _pveconf.gpu_holders(str(tmp_path / 'none')) == {}
+    assert _pveconf.gpu_holders(str(tmp_path / 'none'), _gpu.vendor().gpu_node) == {}
 
 
 def test_a_gpu_a_container_outside_the_fleet_holds_is_refused_naming_it():
