@@ -276,11 +276,19 @@ def test_a_fleet_across_the_nodes_converges_and_a_second_run_changes_nothing(clu
     """inventories/lab-cluster: GPU containers on pve1 and on pve2 (4 GPUs, an older driver), a CPU container on
     pve3 (no GPU, no NVIDIA driver) made from debian-13-standard, with the CUDA 13 torch on its Python 3.13. Every
     container joins the inventory through its own node, gets its own node's GPUs and driver, and is verified; a second
-    run and a drift check find nothing to do."""
+    run and a drift check find nothing to do. Before it, a run in which pve1's raw lines cannot be written: pve1's
+    container is made and left stopped (never started without the driver bundle's bind), the other nodes' go on."""
     # The lab's own containers above go first: one of them holds pve2's first GPU, and a GPU that a container
     # outside the fleet holds is never given to the fleet's (fleet_plan refuses, naming it).
     cluster['pve'].cleanup()
     cluster['pve'].made.extend([221, 222, 223])
+    broken = tmp_path / 'pve1-without-its-configs.yml'
+    broken.write_text(yaml.safe_dump({'all': {'hosts': {'pve1': {'gpu_container_pve_root': str(tmp_path / 'none')}}}}))
+    cut = run_playbook(open(SITE).read(), tmp_path, '-i', str(broken), inventory=CLUSTER)
+    assert cut.rc != 0 and any("Write the collection's raw lines" in f and ' on pve1: ' in f and 'not here' in f
+                               for f in cut.failures()), cut.failures()
+    assert on(cluster, 'pve1').lxc(221).status.current.get()['status'] == 'stopped'
+    assert on(cluster, 'pve2').lxc(222).status.current.get()['status'] == 'running'
     first = run_playbook(open(SITE).read(), tmp_path, inventory=CLUSTER)
     assert first.rc == 0, first.failures() or first.stdout[-3000:]
     assert sorted(h for h in first.stats if h.startswith(('train', 'util'))) == ['train-c1', 'train-c2', 'util-c3']
