@@ -4,13 +4,13 @@ the startup files no RECORD names, the activate script, the rebuild of a venv th
 build that succeeds and one that fails), and the container's own Python as the probe reports it."""
 
 import os
-import subprocess
 import sys
 
 import pytest
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv_build, _venv_python
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _container_python, _doctor, _drift, _profile
+from fixtures import make_venv
 
 
 def laid_out(tmp_path, version='3.11', base_version=None):
@@ -42,10 +42,8 @@ def checks(found):
 
 
 def test_a_real_venv_of_this_python_starts_as_itself(tmp_path):
-    venv = tmp_path / 'real'
-    subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)], check=True)
-    site = _venv_python.site_packages(str(venv))
-    python, found = _venv_python.interpreter(str(venv), site)
+    venv, site = make_venv(tmp_path / 'real')
+    python, found = _venv_python.interpreter(venv, site)
     assert found == [] and python['starts'] is True
     assert python['version'] == '{0}.{1}'.format(*sys.version_info[:2]) == python['venv_version']
 
