@@ -11,7 +11,9 @@ set -euo pipefail
 what=${1:-unit}
 here=$(cd "$(dirname "$0")/../.." && pwd)
 base=${GPUFLEET_LAB_CACHE:-/var/cache/gpufleet-lab}/base-trixie/rootfs
-work=${GPUFLEET_NEWEST_DIR:-/var/tmp/gpufleet-newest}
+# GPUFLEET_NEWEST_CORE=2.20 (a minor release of the range): its newest ansible-core instead, in a root of its own
+core=${GPUFLEET_NEWEST_CORE:-}
+work=${GPUFLEET_NEWEST_DIR:-/var/tmp/gpufleet-newest}${core:+-$core}
 root=$work/root
 [ -x "$base/usr/bin/python3" ] || { echo "no Debian 13 base at $base: bring the lab up first (gpufleet lab up)" >&2; exit 1; }
 
@@ -45,7 +47,7 @@ if [ ! -f "$work/ready" ]; then
     in_root uv venv -q /venv --python /usr/bin/python3.13
     # the controller as a user installs it on this Python (pyproject.toml's dependencies: the newest ansible-core its
     # range allows), and what the tests need besides
-    in_root uv pip install -q --python /venv/bin/python -e /src pytest prometheus_client
+    in_root uv pip install -q --python /venv/bin/python -e /src pytest prometheus_client ${core:+ansible-core==$core.*}
     touch "$work/ready"
 fi
 in_root python -c 'import ansible, sys; print("ansible-core {0} on Python {1}".format(ansible.__version__, sys.version.split()[0]))'
