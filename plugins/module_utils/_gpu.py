@@ -12,8 +12,8 @@ fleet's plan asks that vendor for the node's device nodes. Nothing else changes.
 """
 
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import (_nvidia, _nvidia_bundle, _nvidia_devices,
-                                                                        _nvidia_kernel, _nvidia_userspace)
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import (
+    _nvidia, _nvidia_bundle, _nvidia_devices, _nvidia_kernel, _nvidia_userspace)
 
 DEFAULT = 'nvidia'
 

@@ -11,7 +11,6 @@ Standard library only (the probe itself runs inside the venv, where torch is).
 
 import json
 import os
-import re
 import stat
 import subprocess
 import time

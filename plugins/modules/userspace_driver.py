@@ -89,7 +89,7 @@ def main():
     p = module.params
     try:
         result, failed = _gpu.vendor().driver_step(p['node_version'], p['mode'], p['mount'], p['require_match'],
-                                                  module.check_mode)
+                                                   module.check_mode)
     except (IOError, OSError) as e:
         module.fail_json(msg='userspace_driver: {0}'.format(e))
     if failed:
