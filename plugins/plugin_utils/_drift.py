@@ -75,7 +75,7 @@ def unfit(found, indexes):
     return None
 
 
-def moved(vmid, wanted, found, indexes, devices, refused=None):
+def moved(wanted, found, indexes, devices, refused=None):
     """A container found on another node than the fleet's (moved by a migration or an HA recovery) in words: whether
     the node it runs on now gives it its GPUs, and which node would (the fleet's first, then any other the run read),
     or that PVE cannot move it back."""
@@ -129,7 +129,7 @@ def containers(reconcile, fleet, check_mode=True, devices=None, gpus=None):
         else:
             for key in res.get('changed_keys') or []:
                 if key == 'node':
-                    detail = moved(vmid, after.get(key), before.get(key), (gpus or {}).get(vmid) or [], devices,
+                    detail = moved(after.get(key), before.get(key), (gpus or {}).get(vmid) or [], devices,
                                    res.get('move_refused'))
                 elif key.startswith('dev') and after.get(key) is None and _gpu.any_device_node(_devn_path(before.get(key))):
                     detail = '{0} is no longer given to CT {1}: a repair removes it'.format(_named(key, before), vmid)
@@ -231,7 +231,7 @@ def container(driver=None, build=None, report=None):
         items.append(_item('venv', 'failed_import', 'import {0} fails: {1}'.format(f['module'], f.get('message'))))
     for kind, entries in sorted((findings.get('drift') or {}).items()):
         for e in entries:
-            items.append(_item('venv', kind.rstrip('s') if kind != 'missing' else 'missing_package',
+            items.append(_item('venv', kind if kind != 'missing' else 'missing_package',
                                '{0} {1}'.format(e['name'], e.get('version') or '{0} (locked {1})'.format(
                                    e.get('installed'), e.get('locked')))))
     for f in ((report or {}).get('torch') or {}).get('failures') or []:

@@ -108,16 +108,16 @@ def test_a_nodes_findings_are_a_runs_to_mend_or_the_operators():
 
 def test_a_moved_container_is_told_where_its_gpus_are():
     devices = dict(DEVICES, pve3=dict(DEVICES['pve3'], driver_version='580.95.05'))
-    assert _drift.moved(201, 'pve1', 'pve2', [1], devices) == (
+    assert _drift.moved('pve1', 'pve2', [1], devices) == (
         'node: expected pve1, found pve2; on pve2 it is without its GPUs (it has no GPU 1 (it has 0)); '
         'pve1, pve3 would fit (GPU 1)')
-    assert _drift.moved(201, 'pve1', 'pve2', [5], devices, 'a bind mount point not marked shared=1') == (
+    assert _drift.moved('pve1', 'pve2', [5], devices, 'a bind mount point not marked shared=1') == (
         'node: expected pve1, found pve2; on pve2 it is without its GPUs (it has no GPU 5 (it has 0)); no node the run '
         'read has GPU 5 with a driver loaded (PVE cannot move it back: a bind mount point not marked shared=1)')
-    assert _drift.moved(201, 'pve1', 'pve3', [1], devices) == 'node: expected pve1, found pve3; pve1 would fit (GPU 1)'
+    assert _drift.moved('pve1', 'pve3', [1], devices) == 'node: expected pve1, found pve3; pve1 would fit (GPU 1)'
     # a node the run did not read, or a container without GPUs: where it is, nothing more
-    assert _drift.moved(201, 'pve1', 'pve9', [1], devices) == 'node: expected pve1, found pve9'
-    assert _drift.moved(201, 'pve1', 'pve2', [], devices) == 'node: expected pve1, found pve2'
+    assert _drift.moved('pve1', 'pve9', [1], devices) == 'node: expected pve1, found pve9'
+    assert _drift.moved('pve1', 'pve2', [], devices) == 'node: expected pve1, found pve2'
     assert _drift.unfit(None, [0]) == 'it has no GPU 0 (it has none)'
     assert _drift.unfit({'gpus': [{'index': 0}, {'index': None}]}, [0]) == 'no NVIDIA driver is loaded there'
     assert _drift.unfit(devices['pve1'], [0, 1]) is None
@@ -219,3 +219,77 @@ def test_the_fleets_report_counts_what_a_run_repairs_what_waits_and_what_is_the_
     # orphans alone are no drift of the fleet's
     alone = _drift.summary({}, {'CT 298': [orphan(298, 'pve2', 'stopped')]}, False)
     assert (alone['drift'], alone['count'], alone['orphans']) == (False, 0, ['CT 298'])
+
+
+def test_the_words_of_each_kind_of_change_power_and_restart():
+    """What the first test's fleet does not have: a devN or mpN changed (not removed), a GPU's devN in PVE's default
+    key form, a move PVE refuses, each power action, a start with changes pending, several keys pending (the raw
+    lines among them), a reconcile of one container (its diff one dict)."""
+    reconcile = {'containers': [
+        {'vmid': 211, 'status': 'running', 'changed_keys': ['dev0', 'dev1', 'mp0', 'node'], 'pending': [],
+         'move_refused': 'a bind mount point not marked shared=1'},
+        {'vmid': 212, 'status': 'running', 'changed_keys': ['lxc', 'swap'], 'pending': ['dev4', 'dev6', 'lxc', 'swap'],
+         'restart_required': True, 'config': {'dev4': 'path=/dev/nvidia-uvm-tools'}},
+        {'vmid': 213, 'status': 'stopped', 'power': 'shutdown'},
+        {'vmid': 214, 'status': 'stopped', 'power': 'stop'},
+        {'vmid': 215, 'status': 'running', 'power': 'start', 'pending': ['cores']},
+        {'vmid': 216, 'status': 'running', 'power': 'reboot', 'pending': ['cores', 'dev0'],
+         'config': {'dev0': '/dev/nvidia2,mode=0666'}},
+        {'vmid': 217, 'status': 'running', 'power': 'reboot', 'pending': ['dev1']}],
+        'diff': [
+            {'before_header': 'CT 211', 'before': {'dev0': '/dev/nvidia3,mode=0666', 'dev1': '/dev/nvidia5',
+                                                   'mp0': '/srv/a,mp=/a', 'node': 'pve2'},
+             'after': {'dev0': '/dev/nvidia4,mode=0666', 'dev1': None, 'mp0': '/srv/b,mp=/a', 'node': 'pve1'}},
+            {'before_header': 'CT 212', 'before': {'dev4': 'path=/dev/nvidia-uvm', 'dev6': '/dev/nvidia7', 'swap': 0,
+                                                   'lxc': []},
+             'after': {'swap': 512, 'lxc': ['lxc.mount.entry: /new opt/new none bind 0 0']}},
+            {'before_header': 'CT 213', 'before': {'status': 'running'}, 'after': {'status': 'stopped'}},
+            {'before_header': 'CT 214', 'before': {'status': 'running'}, 'after': {'status': 'stopped'}},
+            {'before_header': 'CT 216', 'before': {'status': 'running', 'dev0': '/dev/nvidia1'}, 'after': {}},
+            {'before_header': 'CT 217', 'before': {'status': 'running'}, 'after': {'dev1': 'path=/dev/nvidia6'}}]}
+    devices = {'pve1': {'gpus': [{'index': 0}, {'index': 1}, {'index': 2}], 'driver_version': '580.95.05'},
+               'pve2': {'gpus': [{'index': 0}], 'driver_version': '580.95.05'}}
+    got = _drift.containers(reconcile, [], False, devices, {211: [1, 2]})
+    assert [(i['item'], i['detail']) for i in got['211']] == [
+        ('dev0', 'config dev0 differs'),
+        ('dev1', 'dev1 (/dev/nvidia5) is no longer given to CT 211: a repair removes it'),
+        ('mp0', 'config mp0 differs'),
+        ('node', 'node: expected pve1, found pve2; on pve2 it is without its GPUs (it has no GPU 1, 2 (it has 0)); '
+                 'pve1 would fit (GPU 1, 2) (PVE cannot move it back: a bind mount point not marked shared=1)')]
+    assert got['212'][-1] == {
+        'stage': 'container', 'item': 'restart', 'waits': True, 'keys': ['dev4', 'dev6', 'lxc', 'swap'],
+        'detail': 'CT 212 takes the change of dev4 (/dev/nvidia-uvm-tools), dev6 (/dev/nvidia7), its raw lines (lxc), '
+                  'swap only when it restarts: '
+                  'restart it when its jobs allow (pct reboot 212), or ' + HOW}
+    assert [(i['item'], i['detail'], i['before'], i['after']) for i in got['213'] + got['214'] + got['215']] == [
+        ('power', 'CT 213 was running: shut down', 'running', 'stopped'),
+        ('power', 'CT 214 was running: stopped', 'running', 'stopped'),
+        ('power', 'CT 215 was absent: started', 'absent', 'running')]
+    assert got['216'] == [{'stage': 'container', 'item': 'power', 'before': 'running', 'after': 'running',
+                           'detail': 'CT 216 was running: rebooted to apply cores, dev0 (/dev/nvidia2)'}]
+    assert got['217'][0]['detail'] == 'CT 217 was running: rebooted to apply dev1 (/dev/nvidia6)'
+    # a key the config does not hold is named alone
+    assert _drift.containers({'containers': [{'vmid': 218, 'power': 'reboot', 'pending': ['dev7']}]}, [], True)[
+        '218'][0]['detail'] == 'CT 218 is absent: reboot it to apply dev7'
+    one = {'containers': [reconcile['containers'][2]], 'diff': reconcile['diff'][2]}
+    assert _drift.containers(one, [], True)['213'][0]['detail'] == 'CT 213 is running: shutdown it'
+    assert _drift.containers(one, []) == _drift.containers(one, [], True)  # a check unless told otherwise
+    assert _drift.unfit(devices['pve2'], [1, 2]) == 'it has no GPU 1, 2 (it has 0)'
+    assert _drift.unfit({'gpus': [{'index': 0}, {'index': 3}]}, [1]) == 'it has no GPU 1 (it has 0, 3)'
+    assert _drift.moved('pve1', 'pve2', [5, 6], devices) == (
+        'node: expected pve1, found pve2; on pve2 it is without its GPUs (it has no GPU 5, 6 (it has 0)); no node the '
+        'run read has GPU 5, 6 with a driver loaded')
+
+
+def test_a_hosts_items_from_the_run_alone_and_the_lists_in_a_venvs_words():
+    # a container the run verified or read that the reconcile did not name has its own items all the same
+    report = _drift.fleet({}, None, [], {'solo': {'build': {'built': True, 'id': 'abc'}}},
+                          {'containers': [{'host': 'far', 'state': 'unreached', 'why': 'not reached'}]}, True)
+    assert report['containers'] == {'solo': [venv('lock', 'no venv of its lock yet: build abc')],
+                                    'far': [{'stage': 'verify', 'item': 'unreached', 'detail': 'not reached'}]}
+    found = {'unresolved_libraries': [{'soname': 'libnccl.so.2', 'needed_by': ['a.so'],
+                                       'provided_by': ['nvidia-nccl-cu12', 'nvidia-nccl-cu13']}],
+             'missing_requirements': [{'name': 'sympy', 'required_by': ['torch', 'onnx'], 'requirement': 'sympy>=1.13'}]}
+    assert [i['detail'] for i in _drift.container(build={'audit': {'findings': found}})] == [
+        'libnccl.so.2 needed by a.so is not found (provided by nvidia-nccl-cu12, nvidia-nccl-cu13)',
+        'sympy is not installed (required by torch, onnx: sympy>=1.13)']

@@ -754,20 +754,20 @@ def test_a_gpu_container_moved_behind_the_fleets_back_says_whether_its_node_give
         return {'driver_version': driver, 'gpus': [{'index': i} for i in indexes]}
     devices = {'pve1': node('580.95.05', 0, 1), 'pve2': node('570.172.08', 0), 'pve3': node('580.95.05'),
                'pve4': node(None, 0, 1)}
-    assert _drift.moved(5, 'pve1', 'pve3', [0, 1], devices) == (
+    assert _drift.moved('pve1', 'pve3', [0, 1], devices) == (
         'node: expected pve1, found pve3; on pve3 it is without its GPUs (it has no GPU 0, 1 (it has none)); '
         'pve1 would fit (GPU 0, 1)')
-    assert _drift.moved(5, 'pve1', 'pve4', [0, 1], devices) == (
+    assert _drift.moved('pve1', 'pve4', [0, 1], devices) == (
         'node: expected pve1, found pve4; on pve4 it is without its GPUs (no NVIDIA driver is loaded there); '
         'pve1 would fit (GPU 0, 1, a driver loaded)')
     # the fleet's node no longer fits either: another that does is named; none, said
     gone = dict(devices, pve1=node('580.95.05'))
-    assert _drift.moved(5, 'pve1', 'pve3', [0], gone).endswith('; pve2, pve4 would fit (GPU 0)') is False
-    assert _drift.moved(5, 'pve1', 'pve3', [0], gone).endswith('; pve2 would fit (GPU 0)')
-    assert _drift.moved(5, 'pve1', 'pve3', [3], gone).endswith('; no node the run read has GPU 3 with a driver loaded')
+    assert _drift.moved('pve1', 'pve3', [0], gone).endswith('; pve2, pve4 would fit (GPU 0)') is False
+    assert _drift.moved('pve1', 'pve3', [0], gone).endswith('; pve2 would fit (GPU 0)')
+    assert _drift.moved('pve1', 'pve3', [3], gone).endswith('; no node the run read has GPU 3 with a driver loaded')
     # a container without GPUs, or moved to a node that has them, as before
-    assert _drift.moved(5, 'pve1', 'pve3', [], devices) == 'node: expected pve1, found pve3'
-    assert _drift.moved(5, 'pve2', 'pve1', [0], devices, 'cannot migrate local bind mount point \'mp0\'') == (
+    assert _drift.moved('pve1', 'pve3', [], devices) == 'node: expected pve1, found pve3'
+    assert _drift.moved('pve2', 'pve1', [0], devices, 'cannot migrate local bind mount point \'mp0\'') == (
         "node: expected pve2, found pve1; pve2 would fit (GPU 0) (PVE cannot move it back: cannot migrate local bind "
         "mount point 'mp0')")
 
