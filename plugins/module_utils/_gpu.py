@@ -26,8 +26,9 @@ class Vendor(object):
 
     # -- the node --------------------------------------------------------------------------------------------------
     def discover_node(self, params, check=False):
-        """gpu_devices' work (params: its options): {changed: False, ansible_facts: {gpufleet_gpu_devices: {vendor,
-        indexes, gpus: [{index, minor, ...}], majors, control, driver_version, held, findings}}}. Reads only."""
+        """gpu_devices' work (params: its options): {changed: False, ansible_facts: {gpufleet_gpu_devices: {indexes,
+        gpus: [{index, minor, ...}], majors, control, driver_version, held, findings}}} (discover_node below adds the
+        vendor's name). Reads only."""
         raise NotImplementedError
 
     def version_key(self, version):
@@ -131,5 +132,9 @@ def any_device_node(path):
 
 
 def discover_node(params, check=False):
-    """gpu_devices' entry point: the node discovered by its vendor (params['vendor'], the default's where absent)."""
-    return vendor(params.get('vendor')).discover_node(params, check)
+    """gpu_devices' entry point: the node discovered by its vendor (params['vendor'], the default's where absent),
+    its facts saying which vendor that is."""
+    found = vendor(params.get('vendor'))
+    out = found.discover_node(params, check)
+    out['ansible_facts']['gpufleet_gpu_devices']['vendor'] = found.name
+    return out

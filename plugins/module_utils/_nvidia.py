@@ -219,5 +219,4 @@ def discover_node(params, check=False):
         facts['installed_versions'] = _nvidia_bundle.installed_versions((p['bundle'] or {}).get('lib_dirs') or [])
         facts['findings'].extend(_nvidia_kernel.findings(facts['kernels'], facts['driver_version'],
                                                          facts['installed_versions'], p['driver_hold']))
-    facts['vendor'] = 'nvidia'
     return {'changed': False, 'ansible_facts': {'gpufleet_gpu_devices': facts}}

@@ -75,7 +75,7 @@ class Toy(_gpu.Vendor):
     device_node = re.compile(r'^/dev/(kfd|dri/)')
 
     def discover_node(self, params, check=False):
-        return {'changed': False, 'ansible_facts': {'gpufleet_gpu_devices': {'vendor': 'toy'}}}
+        return {'changed': False, 'ansible_facts': {'gpufleet_gpu_devices': {}}}
 
     def version_key(self, version):
         return [int(p) for p in version.split('.')]
