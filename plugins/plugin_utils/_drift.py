@@ -57,7 +57,7 @@ def _named(key, config):
     """A config key as the operator knows it: a devN with its device's path."""
     if key == 'lxc':
         return 'its raw lines (lxc)'
-    path = str((config or {}).get(key) or '').rsplit('path=', maxsplit=1)[-1].split(',')[0] if key.startswith('dev') else ''
+    path = _devn_path((config or {}).get(key)) if key.startswith('dev') else ''
     return '{0} ({1})'.format(key, path) if path else key
 
 
