@@ -133,12 +133,23 @@ def fetch(lab, suite, say=print):
     own = sorted(set(p for v in versions for p, pv in needed[v].items() if pv in versions))
     offered = _madison(lab, suite, own)
     for version in versions:
-        also = dict((p, version) for p in own if needed[version].get(p) != version and version in offered.get(p, []))
-        _download(lab, suite, pool, dict(needed[version], **also))
-        files = sorted(set(_deb_file(pool, p, v) for p, v in list(needed[version].items()) + list(also.items())))
+        packages, also = pinned(needed[version], own, offered, version)
+        wanted = dict(packages, **also)
+        _download(lab, suite, pool, wanted)
+        files = sorted(set(_deb_file(pool, p, v) for p, v in wanted.items()))
         _write(os.path.join(lists, version + '.json'), json.dumps(
-            {'version': version, 'packages': needed[version], 'also': also, 'files': files}, indent=1,
+            {'version': version, 'packages': packages, 'also': also, 'files': files}, indent=1,
             sort_keys=True).encode(), 0o644)
+
+
+def pinned(needed, own, offered, version):
+    """(packages, also) of a driver version: what installing it needs, each package of the driver's own source at
+    that version (apt, not asked for one by version, takes the newest: bookworm's nvidia-legacy-check at the security
+    update's when the first driver is resolved), and also, the source's other packages the archive offers at that
+    version, which a move to it pins too."""
+    also = dict((p, version) for p in own if p not in needed and version in offered.get(p, []))
+    packages = dict((p, version if p in own and version in offered.get(p, []) else v) for p, v in needed.items())
+    return packages, also
 
 
 def _read_json(path):
