@@ -3,7 +3,8 @@
 # and later need Python 3.12): in a Debian 13 root (Python 3.13) copied from the lab's own Debian 13 base, the
 # controller installed as a user installs it there (pip install of the checkout: pyproject.toml's range), then
 #   unit    the unit suite
-#   smoke   the unit suite, and gpufleet up, drift and verify on the lab (make newest, the last step of make test)
+#   smoke   the unit suite, and gpufleet up, drift and verify on the lab (make newest)
+#   lab     gpufleet up, drift and verify on the lab only (make test runs unit beside the lab's suites, then this)
 # The root shares this machine's network, so its controller reaches the lab's API and nodes as ours does. Run as root
 # after `gpufleet lab up` (its Debian 13 base is in the lab's cache). The root is kept in $GPUFLEET_NEWEST_DIR for the
 # next run; the lab's cache is only read.
@@ -51,8 +52,8 @@ if [ ! -f "$work/ready" ]; then
     touch "$work/ready"
 fi
 in_root python -c 'import ansible, sys; print("ansible-core {0} on Python {1}".format(ansible.__version__, sys.version.split()[0]))'
-in_root sh -c 'cd /src && git config --global --add safe.directory /src && python -m pytest -q -p no:cacheprovider tests/unit'
-[ "$what" = smoke ] || exit 0
+[ "$what" = lab ] || in_root sh -c 'cd /src && git config --global --add safe.directory /src && python -m pytest -q -p no:cacheprovider tests/unit'
+[ "$what" = unit ] && exit 0
 for command in up drift verify; do
     echo "gpufleet $command on the lab"
     in_root sh -c "cd /src && gpufleet $command -i inventories/lab"

@@ -157,20 +157,23 @@ def test_every_metric_the_rules_use_is_one_the_cli_writes():
 
 @pytest.fixture(scope='module')
 def promtool(tmp_path_factory):
-    """promtool from PATH, else from Debian's prometheus package, unpacked (not installed) into the lab's cache."""
+    """promtool from PATH, else from Debian's package of it (promtool from Debian 13, prometheus before), unpacked (not
+    installed) into the user's cache (not the lab's, which the tests only read)."""
     if shutil.which('promtool'):
         return shutil.which('promtool')
-    cache = os.path.join(os.environ.get('GPUFLEET_LAB_CACHE', '/var/cache/gpufleet-lab'), 'promtool')
+    cache = os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'), 'gpufleet', 'promtool')
     tool = os.path.join(cache, 'usr', 'bin', 'promtool')
-    if not os.path.exists(tool):
+    for package in ('promtool', 'prometheus') if shutil.which('apt-get') else ():
+        if os.path.exists(tool):
+            break
         work = str(tmp_path_factory.mktemp('deb'))
-        got = subprocess.run(['apt-get', 'download', 'prometheus'], cwd=work, capture_output=True, text=True,
-                             timeout=300) if shutil.which('apt-get') else None
-        debs = glob.glob(os.path.join(work, 'prometheus_*.deb'))
-        if not got or got.returncode != 0 or not debs:
-            pytest.skip('promtool is not on PATH and Debian\'s prometheus package could not be downloaded')
-        os.makedirs(cache, exist_ok=True)
-        subprocess.run(['dpkg-deb', '-x', debs[0], cache], check=True)
+        got = subprocess.run(['apt-get', 'download', package], cwd=work, capture_output=True, text=True, timeout=300)
+        debs = glob.glob(os.path.join(work, package + '_*.deb'))
+        if got.returncode == 0 and debs:
+            os.makedirs(cache, exist_ok=True)
+            subprocess.run(['dpkg-deb', '-x', debs[0], cache], check=True)
+    if not os.path.exists(tool):
+        pytest.skip("promtool is not on PATH and Debian's promtool or prometheus package could not be downloaded")
     return tool
 
 
