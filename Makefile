@@ -59,7 +59,7 @@ mutants: venv
 	python tests/mutants/run.py
 
 integration: venv lab-up
-	python -m pytest -q tests/integration
+	python -m pytest -q --durations=40 tests/integration
 
 molecule: venv lab-up
 	molecule test --all
