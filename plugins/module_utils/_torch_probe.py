@@ -11,6 +11,7 @@ Standard library only (the probe itself runs inside the venv, where torch is).
 
 import json
 import os
+import re
 import stat
 import subprocess
 import time
@@ -98,6 +99,97 @@ if opts.get("smoke") == "matmul" and devices:
             x @ y
         torch.cuda.synchronize(dev)
         d["bf16_tflops"] = round(2.0 * n ** 3 * iters / (time.monotonic() - t) / 1e12, 1)
+# Each library torch relies on beyond cuBLAS, at its first real call on each device: a named check with its status
+# (ok, failed, not_applicable and why), its error and its time.
+out["checks"] = []
+def check(name, run, device=None, not_applicable=None):
+    c = {"name": name}
+    if device is not None:
+        c["device"] = device
+    if not_applicable:
+        c.update(status="not_applicable", why=not_applicable)
+        out["checks"].append(c)
+        return
+    t = time.monotonic()
+    # what the library prints on the process's stderr (cuDNN names the sub-library it cannot load there) is kept
+    # with the check that made it print
+    import tempfile
+    with tempfile.TemporaryFile() as said:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(said.fileno(), 2)
+        try:
+            c.update(run() or {})
+            c["status"] = "failed" if c.get("error") else "ok"
+        except Exception as e:
+            c["status"], c["error"] = "failed", "".join(traceback.format_exception_only(type(e), e)).strip()[-2000:]
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            said.seek(0)
+            text = said.read().decode("utf-8", "replace").strip()
+            if text:
+                c["stderr"] = text[-4000:]
+    if not c.get("error"):
+        c.pop("error", None)
+    c["seconds"] = round(time.monotonic() - t, 3)
+    out["checks"].append(c)
+def rel(got, want):
+    got, want = got.detach().float().cpu(), want.detach().float()
+    return float((got - want).norm() / want.norm())
+def cudnn_conv(dev):
+    # a convolution forward and backward through cuDNN (TF32 off), against the CPU's
+    if not torch.backends.cudnn.is_available():
+        return {"error": "torch.backends.cudnn.is_available() is False: torch does not load cuDNN"}
+    F, g = torch.nn.functional, torch.Generator().manual_seed(0)
+    x, w = torch.randn(4, 8, 16, 16, generator=g), torch.randn(16, 8, 3, 3, generator=g)
+    xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+    yc = F.conv2d(xc, wc, padding=1)
+    yc.square().sum().backward()
+    xd, wd = x.to(dev).requires_grad_(), w.to(dev).requires_grad_()
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        yd = F.conv2d(xd, wd, padding=1)
+        yd.square().sum().backward()
+    torch.cuda.synchronize(dev)
+    worst = max(rel(yd, yc), rel(xd.grad, xc.grad), rel(wd.grad, wc.grad))
+    return {"rel_error": worst, "error": None if worst < 1e-3 else
+            "the convolution or its gradients differ from the CPU's by {0:.2e} (relative)".format(worst)}
+def cusparselt_24(dev):
+    # a 2:4 sparse half-precision matmul through cuSPARSELt, against the dense one
+    lt = getattr(torch.backends, "cusparselt", None)
+    if lt is None or not lt.is_available():
+        return {"error": "torch.backends.cusparselt.is_available() is False: torch does not load cuSPARSELt"}
+    from torch.sparse import SparseSemiStructuredTensor, to_sparse_semi_structured
+    SparseSemiStructuredTensor._FORCE_CUTLASS = False
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([0, 0, 1, 1], dtype=torch.float16).tile((128, 32))
+    a = ((torch.rand(128, 128, generator=g) + 0.5).half() * mask).to(dev)
+    b = torch.rand(128, 128, generator=g).half().to(dev)
+    got = torch.mm(to_sparse_semi_structured(a), b)
+    torch.cuda.synchronize(dev)
+    err = rel(got, (a.float() @ b.float()).cpu())
+    return {"rel_error": err, "error": None if err < 1e-2 else
+            "the sparse matmul differs from the dense one by {0:.2e} (relative)".format(err)}
+def has_distribution(prefix):
+    try:
+        from importlib import metadata
+        return any((d.metadata["Name"] or "").lower().replace("_", "-").startswith(prefix)
+                   for d in metadata.distributions())
+    except Exception:
+        return False
+no_gpu = None if devices else ("no CUDA device: " + (out.get("cuda_error") or (
+    "torch is a CPU build" if not out["cuda_version"] else "torch.cuda.is_available() is False")))
+sparse_here = has_distribution("nvidia-cusparselt")
+for d in devices or [None]:
+    i = d["index"] if d else None
+    dev = torch.device("cuda", i) if d else None
+    check("cudnn_conv", lambda: cudnn_conv(dev), i, no_gpu)
+    cap = tuple(int(x) for x in d["capability"].split(".")) if d else None
+    check("cusparselt_24", lambda: cusparselt_24(dev), i, no_gpu or (
+        None if sparse_here else "the venv has no cuSPARSELt (no nvidia-cusparselt distribution)") or (
+        None if cap >= (8, 0) else "2:4 sparsity needs compute capability 8.0 or later; the device has {0}".format(
+            d["capability"])))
 if opts.get("compile_check"):
     t = time.monotonic()
     try:
@@ -138,6 +230,39 @@ def run_probe(venv, options, timeout):
         return json.loads(lines[-1]), None
     except (IndexError, ValueError):
         return None, 'the probe died (exit {0}): {1}'.format(proc.returncode, _tail(proc.stderr or proc.stdout))
+
+
+# What a library's first real call says when it fails, and why (each pattern from a real run's error or stderr).
+LIBRARY_WHY = (
+    (r'Unable to load any of \{([^,}]+)', "{0} does not load: a file of the venv's distribution that ships it is "
+     'missing or unreadable (reinstall that distribution; a drift run repairs it)'),
+    (r'CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED', "a sub-library of cuDNN does not load: the venv's nvidia-cudnn "
+     'distribution is missing files (reinstall it; a drift run repairs it)'),
+    (r'(\S+\.so(?:\.[\d.]+)?): cannot open shared object file', '{0} does not load: it is missing from the venv '
+     'and the system (reinstall the distribution that ships it)'),
+    (r'CUDNN_STATUS_NOT_INITIALIZED', 'cuDNN did not initialise: its sub-libraries are not found beside '
+     "libcudnn.so, or the GPU's memory is exhausted"),
+    (r'driver version is insufficient for CUDA runtime version|CUDA_ERROR_UNSUPPORTED_PTX_VERSION|'
+     r'provided PTX was compiled with an unsupported toolchain', 'the library is built for a newer CUDA than the '
+     "container's userspace driver supports: upgrade the node's driver or pin the library's CUDA build to the "
+     "driver's"),
+    (r'no kernel image is available for execution on the device|CUDNN_STATUS_ARCH_MISMATCH', 'the library has no '
+     "code for this GPU's architecture: install a build that covers its compute capability"),
+    (r'out of memory', "the GPU's memory is exhausted: another process holds it"),
+)
+
+
+def library_why(error, stderr=''):
+    """Why a library's check failed, read from its error and what the probe printed on stderr; None if unknown."""
+    for pattern, why in LIBRARY_WHY:
+        m = re.search(pattern, '{0}\n{1}'.format(error or '', stderr or ''))
+        if m:
+            return why.format(*(g.strip() for g in m.groups()))
+    return None
+
+
+CHECKS = {'cudnn_conv': 'a cuDNN convolution forward and backward matches the CPU',
+          'cusparselt_24': "a 2:4 sparse matmul through cuSPARSELt matches the dense one"}
 
 
 def _tail(text, lines=15):
@@ -223,6 +348,50 @@ def same(expected, actual):
     return str(expected) == str(actual)
 
 
+def audit_into(result, venv):
+    """The venv audit's findings that explain a probe that failed (why its Python did not start, requirements not
+    installed, shared libraries that do not resolve, distributions missing files), into the result and its failures."""
+    failures = result['failures']
+    try:
+        audit = _venv.audit(venv, imports=('torch',))
+        result['unresolved_libraries'] = audit['findings']['unresolved_libraries']
+        result['broken_distributions'] = audit['findings']['broken_distributions']
+        result['missing_requirements'] = audit['findings']['missing_requirements']
+        for f in audit['findings']['interpreter']:  # why the venv's Python did not start
+            failures.append({'check': 'interpreter', 'expected': 'the venv starts', 'actual': f['msg'],
+                             'fix': f['fix']})
+        for m in result['missing_requirements']:
+            failures.append({'check': 'requirement', 'expected': m['requirement'] + ' installed',
+                             'actual': 'not installed (required by {0})'.format(', '.join(m['required_by']))})
+        for u in result['unresolved_libraries']:
+            failures.append({'check': 'library', 'expected': u['soname'] + ' resolves',
+                             'actual': 'not found (needed by {0}; provided by {1})'.format(
+                                 ', '.join(u['needed_by'][:3]), ', '.join(u['provided_by']) or 'no installed distribution')})
+    except (ValueError, IOError, OSError) as e:
+        result['audit_error'] = str(e)
+
+
+def library_failures(result, venv):
+    """A failure for each library check that failed, with why (from its error, what the library printed on stderr
+    during the check and, when one failed, the venv audit: the distributions that lack files)."""
+    found = []
+    for c in result.get('checks') or []:
+        if c.get('status') == 'failed':
+            failure = {'check': c['name'], 'expected': CHECKS.get(c['name'], c['name']), 'actual': c.get('error')}
+            if c.get('device') is not None:
+                failure['device'] = c['device']
+            found.append((failure, library_why(c.get('error'), c.get('stderr'))))
+    if found:
+        audit_into(result, venv)
+    lacking = ['{0} {1} lacks {2}'.format(b['name'], b['version'], ', '.join(sorted(b['missing'] + b['modified'])[:3]))
+               for b in result.get('broken_distributions') or []]
+    for failure, why in found:
+        why = '; '.join(([why] if why else []) + lacking)
+        if why:
+            failure['why'] = why
+        result['failures'].append(failure)
+
+
 def verify(venv, params, dev_dir='/dev'):
     """The facts and every failure ({check, expected, actual, why}); never changes anything."""
     started = time.time()
@@ -235,23 +404,7 @@ def verify(venv, params, dev_dir='/dev'):
     elif 'import_error' in probe:
         failures.append({'check': 'import', 'expected': 'import torch works', 'actual': probe['import_error']})
     if problem or 'import_error' in (probe or {}):
-        try:
-            audit = _venv.audit(venv, imports=('torch',))
-            result['unresolved_libraries'] = audit['findings']['unresolved_libraries']
-            result['broken_distributions'] = audit['findings']['broken_distributions']
-            result['missing_requirements'] = audit['findings']['missing_requirements']
-            for f in audit['findings']['interpreter']:  # why the venv's Python did not start
-                failures.append({'check': 'interpreter', 'expected': 'the venv starts', 'actual': f['msg'],
-                                 'fix': f['fix']})
-            for m in result['missing_requirements']:
-                failures.append({'check': 'requirement', 'expected': m['requirement'] + ' installed',
-                                 'actual': 'not installed (required by {0})'.format(', '.join(m['required_by']))})
-            for u in result['unresolved_libraries']:
-                failures.append({'check': 'library', 'expected': u['soname'] + ' resolves',
-                                 'actual': 'not found (needed by {0}; provided by {1})'.format(
-                                     ', '.join(u['needed_by'][:3]), ', '.join(u['provided_by']) or 'no installed distribution')})
-        except (ValueError, IOError, OSError) as e:
-            result['audit_error'] = str(e)
+        audit_into(result, venv)
         probe = probe or {}
     result.update((k, v) for k, v in probe.items() if k != 'timings')
     result['timings'] = dict(probe.get('timings') or {})
@@ -278,6 +431,7 @@ def verify(venv, params, dev_dir='/dev'):
                                  'device': d['index']})
         if params.get('smoke') == 'matmul' and probe.get('cuda_available') and not probe.get('devices'):
             failures.append({'check': 'matmul', 'expected': 'a device to run on', 'actual': 'none'})
+        library_failures(result, venv)
         if params.get('compile_check') and not probe.get('compile_ok'):
             failures.append({'check': 'compile', 'expected': 'torch.compile works', 'actual': probe.get('compile_error')})
     if params.get('user') not in (None, ''):

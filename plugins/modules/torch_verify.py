@@ -149,6 +149,16 @@ driver_version:
   description: The userspace driver's version (from the loaded libcuda.so.1's file name).
   returned: when torch imports
   type: str
+checks:
+  description:
+    - Each CUDA library torch relies on beyond cuBLAS, exercised on each device at its first real call - C(cudnn_conv)
+      (a convolution forward and backward against the CPU's) and C(cusparselt_24) (a 2:4 sparse matmul where the venv
+      has cuSPARSELt).
+    - Each has name, device, status (ok, failed or not_applicable), why (when not applicable), error, what the library
+      printed on stderr during it, rel_error and seconds; a failed one is also a failure with why.
+  returned: when torch imports
+  type: list
+  elements: dict
 timings:
   description: Seconds for the import, CUDA initialisation, compile check and the whole probe.
   returned: always

@@ -60,6 +60,9 @@ def test_passing_expectations_return_the_facts(fleet, tmp_path, creds):
     assert res['cuda_available'] is False and res['device_count'] == 0 and res['devices'] == []
     assert res['driver_version'] == '580.95.05'  # the node's driver, bound in by gpu_container
     assert res['compile_ok'] is True and res['timings']['import_s'] > 0 and 'diagnosis' not in res
+    # each CUDA library's check, not applicable to the lab's CPU build, says so and why
+    assert res['checks'] == [{'name': name, 'status': 'not_applicable', 'why': 'no CUDA device: torch is a CPU build'}
+                             for name in ('cudnn_conv', 'cusparselt_24')]
 
 
 def record(vmid):

@@ -34,3 +34,121 @@ def test_a_venv_without_torch_fails_its_import(tmp_path):
     assert [f['check'] for f in result['failures']][:1] == ['import']
     assert "No module named 'torch'" in result['failures'][0]['actual']
     assert os.path.isdir(venv)
+
+
+# torch as a CUDA build on one H100 whose cuDNN fails at its first convolution the way cuDNN 9 fails when a
+# sub-library of the venv's nvidia-cudnn wheel is gone (the message and stderr line as real runs print them:
+# ultralytics/ultralytics#17170, nvidia-cosmos/cosmos-transfer1#152): every call the probe makes, the real
+# probe code, run by the venv's interpreter
+CUDA_TORCH = r'''
+import contextlib, sys, types
+__version__ = "2.11.0+cu128"
+version = types.SimpleNamespace(cuda="12.8")
+class device:
+    def __init__(self, kind, index=None):
+        self.type, self.index = kind, index
+class Tensor:
+    def __init__(self, where="cpu"):
+        self.device, self.grad = where, None
+    def _same(self, *a, **k):
+        return Tensor(self.device)
+    clone = requires_grad_ = square = sum = detach = float = half = _same
+    def to(self, where, *a):
+        return Tensor(getattr(where, "type", where))
+    def cpu(self):
+        return Tensor("cpu")
+    def backward(self):
+        pass
+class Generator:
+    def manual_seed(self, seed):
+        return self
+def randn(*shape, generator=None):
+    return Tensor()
+rand = randn
+def _conv2d(x, w, padding=0):
+    if x.device == "cuda":
+        sys.stderr.write("Unable to load any of {libcudnn_engines_precompiled.so.9.19.0, "
+                         "libcudnn_engines_precompiled.so.9.19, libcudnn_engines_precompiled.so.9, "
+                         "libcudnn_engines_precompiled.so}\n")
+        raise RuntimeError("CUDNN_BACKEND_TENSOR_DESCRIPTOR cudnnFinalize failedptrDesc->finalize() cudnn_status: "
+                           "CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED")
+    return Tensor()
+nn = types.SimpleNamespace(functional=types.SimpleNamespace(conv2d=_conv2d))
+backends = types.SimpleNamespace(
+    cudnn=types.SimpleNamespace(version=lambda: 91900, is_available=lambda: True,
+                                flags=lambda **k: contextlib.nullcontext()),
+    cusparselt=types.SimpleNamespace(is_available=lambda: False))
+cuda = types.SimpleNamespace(
+    is_available=lambda: True, device_count=lambda: 1, get_arch_list=lambda: ["sm_80", "sm_90"],
+    get_device_properties=lambda i: types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0,
+                                                          total_memory=85 << 30),
+    nccl=types.SimpleNamespace(version=lambda: (2, 28, 9)), synchronize=lambda d=None: None)
+'''
+
+
+def cuda_venv(tmp_path, cusparselt=True):
+    from fixtures import install
+    venv, site = make_venv(tmp_path / 'venv')
+    install(site, 'torch', '2.11.0+cu128', {'torch/__init__.py': CUDA_TORCH.encode()})
+    # the cuDNN wheel with the sub-library cuDNN could not load gone (its RECORD still names it)
+    install(site, 'nvidia-cudnn-cu13', '9.19.0.56', {'nvidia/cudnn/lib/libcudnn.so.9': b'\x7fELF',
+                                                     'nvidia/cudnn/lib/libcudnn_engines_precompiled.so.9': b'x' * 64})
+    os.unlink(os.path.join(site, 'nvidia', 'cudnn', 'lib', 'libcudnn_engines_precompiled.so.9'))
+    if cusparselt:
+        install(site, 'nvidia-cusparselt-cu13', '0.8.0', {'nvidia/cusparselt/lib/libcusparseLt.so.0': b'\x7fELF'})
+    return venv
+
+
+def test_each_library_is_checked_at_its_first_real_call_and_a_failure_says_which_file_is_gone(tmp_path):
+    venv = cuda_venv(tmp_path)
+    result = _torch_probe.verify(venv, {'expect_torch_version': '2.11.0+cu128', 'timeout': 60}, dev_dir=str(tmp_path))
+    assert [(c['name'], c['device'], c['status']) for c in result['checks']] == [
+        ('cudnn_conv', 0, 'failed'), ('cusparselt_24', 0, 'failed')]
+    assert all(c['seconds'] >= 0 for c in result['checks'])
+    assert result['checks'][0]['stderr'].startswith('Unable to load any of {libcudnn_engines_precompiled.so.9.19.0,')
+    assert 'stderr' not in result['checks'][1]
+    cudnn, sparse = [f for f in result['failures'] if f['check'] in ('cudnn_conv', 'cusparselt_24')]
+    assert cudnn == {
+        'check': 'cudnn_conv', 'device': 0, 'expected': 'a cuDNN convolution forward and backward matches the CPU',
+        'actual': 'RuntimeError: CUDNN_BACKEND_TENSOR_DESCRIPTOR cudnnFinalize failedptrDesc->finalize() cudnn_status: '
+                  'CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED',
+        'why': "libcudnn_engines_precompiled.so.9.19.0 does not load: a file of the venv's distribution that ships it "
+               "is missing or unreadable (reinstall that distribution; a drift run repairs it); nvidia-cudnn-cu13 "
+               "9.19.0.56 lacks nvidia/cudnn/lib/libcudnn_engines_precompiled.so.9"}
+    assert sparse['actual'] == 'torch.backends.cusparselt.is_available() is False: torch does not load cuSPARSELt'
+    assert sparse['why'] == 'nvidia-cudnn-cu13 9.19.0.56 lacks nvidia/cudnn/lib/libcudnn_engines_precompiled.so.9'
+    assert result['broken_distributions'][0]['name'] == 'nvidia-cudnn-cu13'
+    assert 'cudnn_conv: expected a cuDNN convolution' in _torch_probe.message(result)
+
+
+def test_a_check_the_venv_or_the_device_cannot_run_is_not_applicable_with_the_reason(tmp_path):
+    venv = cuda_venv(tmp_path, cusparselt=False)
+    result = _torch_probe.verify(venv, {'timeout': 60}, dev_dir=str(tmp_path))
+    (sparse,) = [c for c in result['checks'] if c['name'] == 'cusparselt_24']
+    assert sparse == {'name': 'cusparselt_24', 'device': 0, 'status': 'not_applicable',
+                      'why': 'the venv has no cuSPARSELt (no nvidia-cusparselt distribution)'}
+    assert 'cusparselt_24' not in [f['check'] for f in result['failures']]
+
+
+def test_a_cpu_build_reports_the_gpu_library_checks_as_not_applicable(tmp_path):
+    venv = cuda_venv(tmp_path)
+    site = os.path.join(venv, 'lib', os.listdir(os.path.join(venv, 'lib'))[0], 'site-packages')
+    with open(os.path.join(site, 'torch', '__init__.py'), 'a') as fh:
+        fh.write('version = types.SimpleNamespace(cuda=None)\ncuda.is_available = lambda: False\n')
+    result = _torch_probe.verify(venv, {'timeout': 60}, dev_dir=str(tmp_path))
+    assert result['checks'] == [
+        {'name': name, 'status': 'not_applicable', 'why': 'no CUDA device: torch is a CPU build'}
+        for name in ('cudnn_conv', 'cusparselt_24')]
+    assert result['failures'] == []
+
+
+def test_what_a_library_said_names_why_it_failed():
+    why = _torch_probe.library_why
+    assert why('RuntimeError: CUDNN_BACKEND_TENSOR_DESCRIPTOR cudnnFinalize failed cudnn_status: '
+               'CUDNN_STATUS_NOT_INITIALIZED').startswith('cuDNN did not initialise')
+    assert why('', 'Could not load library libcudnn_cnn_train.so.8. Error: libcudnn_cnn_train.so.8: cannot open shared '
+               'object file: No such file or directory').startswith('libcudnn_cnn_train.so.8 does not load')
+    assert 'newer CUDA' in why('RuntimeError: CUDA error: CUDA driver version is insufficient for CUDA runtime version')
+    assert 'architecture' in why('RuntimeError: CUDA error: no kernel image is available for execution on the device')
+    assert 'exhausted' in why('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB')
+    assert why('RuntimeError: something else') is None
