@@ -35,7 +35,9 @@ class ActionModule(ActionBase):
             'container_changed': args['container_changed'], 'venv': args['venv'],
             'check_mode': self._play_context.check_mode,
             'settings': dict((k, args[k]) for k in ('expect', 'require_cuda', 'smoke', 'min_tflops', 'compile_check',
-                                                    'compile_backend', 'audit_mode', 'max_age', 'user'))})
+                                                    'compile_backend', 'collective', 'min_allreduce_gbps',
+                                                    'min_shm_mb_per_gpu',
+                                                    'audit_mode', 'max_age', 'user'))})
         audit, probe = now['audit'], now['result']
         python = built.get('container_python')  # torch_venv found the container's Python missing (check runs)
         if not now['reuse'] and not python and not now['audited']:
@@ -54,7 +56,8 @@ class ActionModule(ActionBase):
             probe = self._module('gpufleet.proxmox.torch_verify', dict(
                 venv=args['venv'], require_cuda=now['cuda'], smoke=args['smoke'],
                 min_tflops=args['min_tflops'] or None, compile_check=args['compile_check'],
-                compile_backend=args['compile_backend'], timeout=args['timeout'],
+                compile_backend=args['compile_backend'], timeout=args['timeout'], collective=args['collective'],
+                min_allreduce_gbps=args['min_allreduce_gbps'] or None, min_shm_mb_per_gpu=args['min_shm_mb_per_gpu'],
                 user=args['user'] if args['gpus'] and args['user'] else None,
                 # the record is written where torch_venv ran, so that a drift run can find it
                 record_fingerprint=now['fingerprint'] if 'id' in built else None,

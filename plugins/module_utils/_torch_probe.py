@@ -22,6 +22,35 @@ from ansible_collections.gpufleet.proxmox.plugins.module_utils import _devnodes,
 PROBE = r'''
 import json, os, re, sys, time, traceback
 opts = json.loads(sys.argv[1])
+def collective_rank(a):
+    # one rank of the collective: an all_reduce of a.bytes of float32 across a.world ranks, warmed once (and checked:
+    # each element the sum of the ranks' ones), then timed over a.iters; {ok, seconds, algbw_gbps, busbw_gbps}
+    import datetime, torch
+    import torch.distributed as dist
+    dist.init_process_group(a["backend"], init_method="file://" + a["store"], rank=a["rank"], world_size=a["world"],
+                            timeout=datetime.timedelta(seconds=a["timeout"]))
+    try:
+        dev = torch.device("cuda", a["rank"]) if a["backend"] == "nccl" else torch.device("cpu")
+        sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        x = torch.ones(a["bytes"] // 4, dtype=torch.float32, device=dev)
+        dist.all_reduce(x)
+        sync()
+        ok = float(x[0]) == a["world"] and float(x[-1]) == a["world"]
+        t = time.monotonic()
+        for _ in range(a["iters"]):
+            dist.all_reduce(x)
+        sync()
+        took = (time.monotonic() - t) / a["iters"]
+        algbw = a["bytes"] / took / 1e9
+        return {"rank": a["rank"], "ok": ok, "seconds": round(took, 6), "algbw_gbps": round(algbw, 3),
+                "busbw_gbps": round(algbw * 2 * (a["world"] - 1) / a["world"], 3)}
+    finally:
+        dist.destroy_process_group()
+if "worker" in opts:
+    sys.stdout.write("\n" + json.dumps(collective_rank(opts["worker"])) + "\n")
+    sys.exit(0)
 out = {"timings": {}, "python_version": "%d.%d.%d" % sys.version_info[:3]}
 def done():
     sys.stdout.write("\n" + json.dumps(out) + "\n")
@@ -190,6 +219,110 @@ for d in devices or [None]:
         None if sparse_here else "the venv has no cuSPARSELt (no nvidia-cusparselt distribution)") or (
         None if cap >= (8, 0) else "2:4 sparsity needs compute capability 8.0 or later; the device has {0}".format(
             d["capability"])))
+def collective():
+    # the container's GPUs talking: NCCL across every GPU, one process each (spawned: CUDA is initialised here), its
+    # debug output kept for the transport it chose; without a GPU, gloo across two CPU processes (forked: cheap), so
+    # that the path runs everywhere. Bounded by opts["collective_timeout"].
+    import shutil, signal, tempfile
+    nccl = bool(devices)
+    world = len(devices) if nccl else 2
+    limit = opts.get("collective_timeout") or 60
+    work = tempfile.mkdtemp(prefix="gpufleet-collective-")
+    c = {"name": "allreduce", "backend": "nccl" if nccl else "gloo", "world": world}
+    try:
+        args = [{"backend": c["backend"], "store": os.path.join(work, "store"), "rank": r, "world": world,
+                 "bytes": opts.get("collective_bytes") or (64 << 20 if nccl else 8 << 20), "iters": 5,
+                 "timeout": limit} for r in range(world)]
+        logs = [os.path.join(work, "rank{0}.log".format(r)) for r in range(world)]
+        procs = []
+        t = time.monotonic()
+        for a, log in zip(args, logs):
+            if nccl:
+                env = dict(os.environ, NCCL_DEBUG="INFO", CUDA_DEVICE_ORDER="PCI_BUS_ID")
+                with open(log, "wb") as fh:
+                    procs.append(subprocess.Popen([sys.executable, "-c", opts["self"], json.dumps({"worker": a})],
+                                                  stdout=fh, stderr=subprocess.STDOUT, env=env))
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    os.dup2(fd, 1)
+                    os.dup2(fd, 2)
+                    sys.stdout.write("\n" + json.dumps(collective_rank(a)) + "\n")
+                    sys.stdout.flush()
+                    code = 0
+                except BaseException:
+                    traceback.print_exc()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
+            procs.append(pid)
+        left = set(range(world))
+        while left and time.monotonic() - t < limit:
+            for r in sorted(left):
+                p = procs[r]
+                done_ = p.poll() is not None if nccl else os.waitpid(p, os.WNOHANG)[0] == p
+                if done_:
+                    left.discard(r)
+            time.sleep(0.02)
+        for r in left:
+            if nccl:
+                procs[r].kill()
+                procs[r].wait()
+            else:
+                os.kill(procs[r], signal.SIGKILL)
+                os.waitpid(procs[r], 0)
+        c["seconds"] = round(time.monotonic() - t, 3)
+        said, results = [], []
+        for log in logs:
+            with open(log, "rb") as fh:
+                text = fh.read().decode("utf-8", "replace")
+            said.append(text)
+            found = [line for line in text.splitlines() if line.startswith("{")]
+            results.append(json.loads(found[-1]) if found else None)
+        c["output"] = "\n".join(said)[-20000:]
+        if left:
+            c["status"], c["error"] = "failed", "rank(s) {0} did not finish the collective in {1} s".format(
+                ", ".join(str(r) for r in sorted(left)), limit)
+        elif None in results:
+            r = results.index(None)
+            tail = [line for line in said[r].strip().splitlines() if line.strip()][-1:] or ["no output"]
+            c["status"], c["error"] = "failed", "rank {0} failed: {1}".format(r, tail[0][-1000:])
+        elif not all(x["ok"] for x in results):
+            c["status"], c["error"] = "failed", "the all_reduce gave wrong sums"
+        else:
+            c["status"] = "ok"
+            c["algbw_gbps"] = min(x["algbw_gbps"] for x in results)
+            c["busbw_gbps"] = min(x["busbw_gbps"] for x in results)
+    except Exception as e:
+        c["status"], c["error"] = "failed", "".join(traceback.format_exception_only(type(e), e)).strip()[-2000:]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out["checks"].append(c)
+def shm(floor):
+    # NCCL's shared-memory transport and DataLoader's workers keep their buffers in /dev/shm
+    st = os.statvfs(opts.get("shm_dir") or "/dev/shm")
+    size = st.f_frsize * st.f_blocks
+    return {"bytes": size, "floor_bytes": floor, "error": None if size >= floor else (
+        "/dev/shm holds {0} MiB, under the {1} MiB asked for {2} GPU(s)".format(size >> 20, floor >> 20, len(devices)))}
+if opts.get("min_shm_mb_per_gpu"):
+    check("shm", lambda: shm(opts["min_shm_mb_per_gpu"] * max(1, len(devices)) << 20))
+if opts.get("collective"):
+    import subprocess
+    try:
+        import torch.distributed as _dist
+        usable = _dist.is_available() and (_dist.is_nccl_available() if devices else _dist.is_gloo_available())
+    except Exception:
+        usable = False
+    if usable:
+        collective()
+    else:
+        out["checks"].append({"name": "allreduce", "status": "failed", "error": "torch.distributed has no {0} "
+                              "backend in this build".format("NCCL" if devices else "gloo")})
 if opts.get("compile_check"):
     t = time.monotonic()
     try:
@@ -262,7 +395,36 @@ def library_why(error, stderr=''):
 
 
 CHECKS = {'cudnn_conv': 'a cuDNN convolution forward and backward matches the CPU',
-          'cusparselt_24': "a 2:4 sparse matmul through cuSPARSELt matches the dense one"}
+          'cusparselt_24': "a 2:4 sparse matmul through cuSPARSELt matches the dense one",
+          'allreduce': "an all_reduce across the container's GPUs (NCCL; gloo on CPU without one) completes right",
+          'shm': "/dev/shm as large as the container's GPUs need"}
+
+# NCCL_DEBUG=INFO's line for each channel's path between two ranks:
+#   NCCL INFO Channel 01/0 : 8[0] -> 15[7] via P2P/IPC/read
+#   NCCL INFO Channel 00/0 : 0[0] -> 1[1] [send] via NET/Socket/0
+NCCL_CHANNEL = re.compile(r'NCCL INFO Channel [\d/]+ ?: \S+ -> \S+ (?:\[\w+\] )?via (\S+(?: pointer)?)')
+NCCL_SHM_FULL = re.compile(r'NCCL WARN .*failed to extend (/dev/shm/\S+) to (\d+) bytes')
+
+
+def nccl_paths(output, world):
+    """From NCCL's debug output: the transports it chose (P2P, SHM, NET/Socket, NET/IB, ...), its warnings, and notes
+    on a fall back from the fast paths between GPUs of one container."""
+    paths = sorted(set(m.group(1).split('/')[0] if not m.group(1).startswith('NET/') else '/'.join(
+        m.group(1).split('/')[:2]) for m in NCCL_CHANNEL.finditer(output or '')))
+    warnings = [line.strip() for line in (output or '').splitlines() if 'NCCL WARN' in line][:20]
+    notes = []
+    shm = NCCL_SHM_FULL.search(output or '')
+    if shm:
+        notes.append("/dev/shm is too small for NCCL's shared-memory transport (it could not grow {0} to {1} bytes): "
+                     "give the container a larger /dev/shm".format(shm.group(1), shm.group(2)))
+    if world > 1 and paths and 'P2P' not in paths:
+        if 'SHM' in paths:
+            notes.append('NCCL moved data between the GPUs through shared memory, not peer to peer: P2P is blocked '
+                         "between them (PCIe ACS or the IOMMU on the node's path, or NCCL_P2P_DISABLE)")
+        if any(p.startswith('NET/') for p in paths):
+            notes.append('NCCL went through the network inside one container: neither peer to peer nor shared memory '
+                         'worked between its GPUs (see /dev/shm and P2P)')
+    return {'transports': paths, 'warnings': warnings, 'notes': notes}
 
 
 def _tail(text, lines=15):
@@ -371,12 +533,20 @@ def audit_into(result, venv):
         result['audit_error'] = str(e)
 
 
+SHM_WHY = ("NCCL's shared-memory transport between the container's GPUs and DataLoader's workers keep their buffers "
+           'in /dev/shm; a small one makes NCCL fall back or fail and workers die with a bus error: give the container '
+           'a larger /dev/shm (a tmpfs mount entry with size= in its config)')
+
+
 def library_failures(result, venv):
     """A failure for each library check that failed, with why (from its error, what the library printed on stderr
     during the check and, when one failed, the venv audit: the distributions that lack files)."""
     found = []
     for c in result.get('checks') or []:
-        if c.get('status') == 'failed':
+        if c.get('name') == 'shm' and c.get('status') == 'failed':
+            result['failures'].append({'check': 'shm', 'expected': '>= {0} MiB'.format(c['floor_bytes'] >> 20),
+                                       'actual': '{0} MiB'.format(c['bytes'] >> 20), 'why': SHM_WHY})
+        elif c.get('status') == 'failed' and c['name'] != 'allreduce':  # the collective's: collective_findings
             failure = {'check': c['name'], 'expected': CHECKS.get(c['name'], c['name']), 'actual': c.get('error')}
             if c.get('device') is not None:
                 failure['device'] = c['device']
@@ -392,10 +562,35 @@ def library_failures(result, venv):
         result['failures'].append(failure)
 
 
+def collective_findings(result, floor=None):
+    """The collective's check read: NCCL's transports, warnings and notes in place of its raw output, and a failure
+    when it failed or its bandwidth is under the floor (GB/s of algorithm bandwidth, as nccl-tests reports it)."""
+    for c in result.get('checks') or []:
+        if c.get('name') != 'allreduce':
+            continue
+        output = c.pop('output', '')
+        if c.get('backend') == 'nccl':
+            c.update(nccl_paths(output, c.get('world') or 0))
+        why = '; '.join(c.get('notes') or []) or library_why(c.get('error'), output)
+        if c.get('status') == 'failed':
+            failure = {'check': 'allreduce', 'expected': CHECKS['allreduce'], 'actual': c.get('error')}
+            if why:
+                failure['why'] = why
+            result['failures'].append(failure)
+        elif floor and c.get('algbw_gbps') is not None and c['algbw_gbps'] < floor:
+            failure = {'check': 'allreduce_gbps', 'expected': '>= {0} GB/s'.format(floor), 'actual': c['algbw_gbps']}
+            if why:
+                failure['why'] = why
+            result['failures'].append(failure)
+
+
 def verify(venv, params, dev_dir='/dev'):
     """The facts and every failure ({check, expected, actual, why}); never changes anything."""
     started = time.time()
-    options = dict((k, params.get(k)) for k in ('smoke', 'compile_check', 'compile_backend'))
+    options = dict((k, params.get(k)) for k in ('smoke', 'compile_check', 'compile_backend', 'collective',
+                                                  'collective_timeout', 'collective_bytes', 'min_shm_mb_per_gpu',
+                                                  'shm_dir'))
+    options['self'] = PROBE  # a collective's NCCL ranks run the probe's own code
     probe, problem = run_probe(venv, options, params.get('timeout') or 300)
     result = {'venv': venv, 'failures': [], 'timings': {}}
     failures = result['failures']
@@ -432,6 +627,7 @@ def verify(venv, params, dev_dir='/dev'):
         if params.get('smoke') == 'matmul' and probe.get('cuda_available') and not probe.get('devices'):
             failures.append({'check': 'matmul', 'expected': 'a device to run on', 'actual': 'none'})
         library_failures(result, venv)
+        collective_findings(result, params.get('min_allreduce_gbps'))
         if params.get('compile_check') and not probe.get('compile_ok'):
             failures.append({'check': 'compile', 'expected': 'torch.compile works', 'actual': probe.get('compile_error')})
     if params.get('user') not in (None, ''):

@@ -66,6 +66,26 @@ options:
     description: Compile and run a tiny function with C(torch.compile), in one thread.
     type: bool
     default: false
+  collective:
+    description:
+      - Run an all_reduce across the container's GPUs, one process each (NCCL, its transports read from its debug
+        output), or across two CPU processes with gloo where there is no GPU; the check C(allreduce) in RV(checks).
+    type: bool
+    default: false
+  collective_timeout:
+    description: Seconds the collective may take before its ranks are stopped and it fails.
+    type: int
+    default: 60
+  collective_bytes:
+    description: The size of the all_reduce (default 64 MiB with NCCL, 8 MiB with gloo).
+    type: int
+  min_allreduce_gbps:
+    description: A floor for the collective's algorithm bandwidth in GB/s (as nccl-tests reports it).
+    type: float
+  min_shm_mb_per_gpu:
+    description: The check C(shm) - C(/dev/shm) must hold this many MiB per GPU (for one where there is none); 0 skips it.
+    type: int
+    default: 0
   compile_backend:
     description: The C(torch.compile) backend for O(compile_check).
     type: str
@@ -153,7 +173,9 @@ checks:
   description:
     - Each CUDA library torch relies on beyond cuBLAS, exercised on each device at its first real call - C(cudnn_conv)
       (a convolution forward and backward against the CPU's) and C(cusparselt_24) (a 2:4 sparse matmul where the venv
-      has cuSPARSELt).
+      has cuSPARSELt); with O(collective), C(allreduce) (backend, world, algbw_gbps, busbw_gbps, and with NCCL the
+      transports it chose, its warnings and notes on a fall back from peer to peer); with O(min_shm_mb_per_gpu),
+      C(shm) (bytes, floor_bytes).
     - Each has name, device, status (ok, failed or not_applicable), why (when not applicable), error, what the library
       printed on stderr during it, rel_error and seconds; a failed one is also a failure with why.
   returned: when torch imports
@@ -203,6 +225,9 @@ def main():
         expect_nccl_version=dict(type='str'), expect_driver_version=dict(type='str'),
         smoke=dict(type='str', choices=['none', 'matmul'], default='none'), min_tflops=dict(type='float'),
         compile_check=dict(type='bool', default=False), compile_backend=dict(type='str', default='inductor'),
+        collective=dict(type='bool', default=False), collective_timeout=dict(type='int', default=60),
+        collective_bytes=dict(type='int'), min_allreduce_gbps=dict(type='float'),
+        min_shm_mb_per_gpu=dict(type='int', default=0),
         dev_dir=dict(type='path', default='/dev'), timeout=dict(type='int', default=300),
         record_fingerprint=dict(type='str'), user=dict(type='str')),
         supports_check_mode=True)

@@ -75,6 +75,18 @@ options:
     description: Compile and run a tiny function with torch.compile.
     type: bool
     default: false
+  collective:
+    description: An all_reduce across the container's GPUs (NCCL), or two CPU processes with gloo without one.
+    type: bool
+    default: true
+  min_allreduce_gbps:
+    description: A floor for the collective's algorithm bandwidth in GB/s (0 for none).
+    type: float
+    default: 0
+  min_shm_mb_per_gpu:
+    description: C(/dev/shm) must hold this many MiB per GPU of the container (for one without any); 0 skips the check.
+    type: int
+    default: 256
   compile_backend:
     description: The backend of the compile check.
     type: str
@@ -201,6 +213,9 @@ ARGUMENT_SPEC = {
     'smoke': {'type': 'str', 'choices': ['none', 'matmul'], 'default': 'none'},
     'min_tflops': {'type': 'float', 'default': 0},
     'compile_check': {'type': 'bool', 'default': False},
+    'collective': {'type': 'bool', 'default': True},
+    'min_allreduce_gbps': {'type': 'float', 'default': 0},
+    'min_shm_mb_per_gpu': {'type': 'int', 'default': 256},
     'compile_backend': {'type': 'str', 'default': 'inductor'},
     'user': {'type': 'str', 'default': 'nobody'},
     'audit_mode': {'type': 'str', 'choices': ['fast', 'full'], 'default': 'fast'},

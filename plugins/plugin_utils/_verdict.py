@@ -55,7 +55,9 @@ def state(facts):
               'node_driver': facts.get('node_driver'), 'gpus': gpus, 'devices': facts.get('devices') or [],
               'expect': expect,
               'options': [cuda, settings.get('smoke'), float(settings.get('min_tflops') or 0),
-                          bool(settings.get('compile_check')), settings.get('compile_backend'), settings.get('user')]}
+                          bool(settings.get('compile_check')), settings.get('compile_backend'), settings.get('user'),
+                          bool(settings.get('collective')), float(settings.get('min_allreduce_gbps') or 0),
+                          int(settings.get('min_shm_mb_per_gpu') or 0)]}
     fingerprint = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode('utf-8')).hexdigest()
     record, max_age = built.get('verified'), int(settings.get('max_age') or 0)
     reuse = bool(max_age > 0 and isinstance(record, dict) and audited and built_audit.get('healthy')
@@ -183,7 +185,22 @@ def _row(r):
         'failures': ['{0}: expected {1}, got {2}'.format(f.get('check'), f.get('expected'), f.get('actual'))
                      for f in torch.get('failures') or []] or ([] if ok else problems(r.get('audit'), r.get('torch'))),
         'venv_findings': audit_count((r.get('audit') or {}).get('findings')),
+        'checks': checks(torch.get('checks')),
+        'allreduce_gbps': next((c.get('algbw_gbps') for c in torch.get('checks') or []
+                                if c.get('name') == 'allreduce' and c.get('status') == 'ok'), None),
     }
+
+
+def checks(found):
+    """{check: its status} of a verification's checks (each CUDA library's, the collective's, /dev/shm's), the
+    worst of a check's devices: failed over ok over not_applicable."""
+    order = ('not_applicable', 'ok', 'failed')
+    out = {}
+    for c in found or []:
+        status = c.get('status') if c.get('status') in order else 'failed'
+        if order.index(status) >= order.index(out.get(c.get('name'), 'not_applicable')):
+            out[c.get('name')] = status
+    return out
 
 
 # Why a container of the fleet was not verified, by its state.

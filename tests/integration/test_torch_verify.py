@@ -51,6 +51,16 @@ def test_the_verify_stage_wrote_reports(fleet):
     report = json.loads((fleet['reports'] / 'verify-gpu.json').read_text())
     assert report['expected']['torch_version'] == '2.13.0+cpu' and report['audit']['healthy'] is True
     assert oct(os.stat(fleet['reports'] / 'verify-gpu.json').st_mode & 0o777) == '0o600'
+    # what a training job needs beyond import, run for real where the lab can (gloo between two CPU processes of the
+    # container, its /dev/shm), and the CUDA libraries' checks said not to apply, and why
+    checks = dict((c['name'], c) for c in report['torch']['checks'])
+    assert sorted(checks) == ['allreduce', 'cudnn_conv', 'cusparselt_24', 'shm']
+    assert checks['cudnn_conv']['status'] == 'not_applicable' and checks['cudnn_conv']['why'] == \
+        'no CUDA device: torch is a CPU build'
+    allreduce = checks['allreduce']
+    assert allreduce['status'] == 'ok' and allreduce['backend'] == 'gloo' and allreduce['world'] == 2, allreduce
+    assert allreduce['algbw_gbps'] > 0 and allreduce['busbw_gbps'] > 0
+    assert checks['shm']['status'] == 'ok' and checks['shm']['floor_bytes'] == 256 << 20
 
 
 def test_passing_expectations_return_the_facts(fleet, tmp_path, creds):
@@ -198,3 +208,20 @@ def test_a_user_who_cannot_open_the_gpus_is_a_finding(fleet, tmp_path, creds, no
         pve.ct(CPU_ONLY).config.put(delete='dev0')
         pve.stop(CPU_ONLY)
         pve.start(CPU_ONLY)
+
+
+def test_a_dev_shm_too_small_and_a_collective_that_cannot_finish_are_findings_with_why(fleet, tmp_path, creds):
+    """/dev/shm shrunk in the container (a remount of its tmpfs, as a small shm_size leaves it): the check shm
+    fails and says why; a collective given no time to finish is stopped at its bound and fails."""
+    assert subprocess.run(['pct', 'exec', str(GPU), '--', 'mount', '-o', 'remount,size=16m', '/dev/shm']).returncode == 0
+    try:
+        res = verify(tmp_path, creds, GPU, fail=True, min_shm_mb_per_gpu=256, collective=True, collective_timeout=1,
+                     collective_bytes=256 << 20)
+        (shm,) = [f for f in res['failures'] if f['check'] == 'shm']
+        assert shm['expected'] == '>= 256 MiB' and shm['actual'] == '16 MiB' and 'larger /dev/shm' in shm['why']
+        (allreduce,) = [f for f in res['failures'] if f['check'] == 'allreduce']
+        assert allreduce['actual'] == 'rank(s) 0, 1 did not finish the collective in 1 s', allreduce
+    finally:
+        subprocess.run(['pct', 'exec', str(GPU), '--', 'mount', '-o', 'remount,size=50%', '/dev/shm'], check=True)
+    res = verify(tmp_path, creds, GPU, min_shm_mb_per_gpu=256, collective=True)
+    assert [c['status'] for c in res['checks'] if c['name'] in ('shm', 'allreduce')] == ['ok', 'ok']

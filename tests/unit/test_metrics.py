@@ -28,9 +28,12 @@ RESULT = {
     'exit_code': 2,
     'containers': [
         row('train-0', 101, 'verified', torch_version='2.11.0+cu128', cuda_version='12.8', driver_version='580.95.05',
-            devices_seen=2, venv_findings=0, drift=[{'stage': 'container', 'item': 'cores'}]),
+            devices_seen=2, venv_findings=0, drift=[{'stage': 'container', 'item': 'cores'}],
+            checks={'cudnn_conv': 'ok', 'cusparselt_24': 'not_applicable', 'allreduce': 'ok', 'shm': 'ok'},
+            allreduce_gbps=141.2),
         row('train-1', 102, 'failed', torch_version='2.11.0+cu128', cuda_version='12.8', driver_version='580.95.05',
-            devices_seen=1, venv_findings=3),
+            devices_seen=1, venv_findings=3, checks={'cudnn_conv': 'failed', 'allreduce': 'failed'},
+            allreduce_gbps=None),
         row('train-2', 103, 'missing', drift=[{'stage': 'container', 'item': 'missing'}]),
         row('train-3', 104, 'stopped'),
         row('util-0', 105, 'unreached', gpus=[]),
@@ -57,13 +60,19 @@ def written(tmp_path, result, command, name='gpufleet.prom', started=100.0, ende
 def test_each_container_state_is_what_its_metrics_say(tmp_path):
     got = written(tmp_path, RESULT, 'drift')
     state = dict(((name[len('gpufleet_'):], dict(labels)['hostname']), value) for (name, labels), value in got.items()
-                 if 'hostname' in dict(labels) and name not in ('gpufleet_container_info', 'gpufleet_gpu_held'))
+                 if 'hostname' in dict(labels) and name not in ('gpufleet_container_info', 'gpufleet_gpu_held',
+                                                                'gpufleet_check_ok'))
 
     def of(host):
         return dict((name, value) for (name, h), value in state.items() if h == host)
 
     assert of('train-0') == {'container_present': 1, 'container_running': 1, 'verify_ok': 1, 'drift_items': 1,
-                             'gpus_expected': 2, 'gpus_seen': 2, 'venv_healthy': 1}
+                             'gpus_expected': 2, 'gpus_seen': 2, 'venv_healthy': 1, 'allreduce_gbps': 141.2}
+    # each check that applies to the container, passed (1) or failed (0); one that does not apply has no sample
+    checks = dict(((dict(labels)['hostname'], dict(labels)['check']), value) for (name, labels), value in got.items()
+                  if name == 'gpufleet_check_ok')
+    assert checks == {('train-0', 'cudnn_conv'): 1, ('train-0', 'allreduce'): 1, ('train-0', 'shm'): 1,
+                      ('train-1', 'cudnn_conv'): 0, ('train-1', 'allreduce'): 0}
     assert of('train-1') == {'container_present': 1, 'container_running': 1, 'verify_ok': 0, 'drift_items': 0,
                              'gpus_expected': 2, 'gpus_seen': 1, 'venv_healthy': 0}
     assert of('train-2') == {'container_present': 0, 'container_running': 0, 'verify_ok': 0, 'drift_items': 1,

@@ -152,3 +152,93 @@ def test_what_a_library_said_names_why_it_failed():
     assert 'architecture' in why('RuntimeError: CUDA error: no kernel image is available for execution on the device')
     assert 'exhausted' in why('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB')
     assert why('RuntimeError: something else') is None
+
+
+# NCCL's debug lines as real runs print them (NVIDIA/nccl#952, #1518, #1589; pytorch/ci-infra#490)
+NCCL_P2P = ('gpu0:123:456 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC/read\n'
+            'gpu0:123:456 [0] NCCL INFO Channel 01/0 : 8[0] -> 15[7] via P2P/direct pointer\n')
+NCCL_SHM = 'gpu0:123:456 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via SHM/direct/direct\n'
+NCCL_NET = ('gpu0:123:456 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] [send] via NET/Socket/3\n'
+            'gpu0:123:456 [0] NCCL INFO Channel 00/0 : 1[1] -> 0[0] [receive] via NET/IB/0/GDRDMA\n')
+NCCL_SHM_FULL = ('gpu0:123:456 [0] misc/shmutils.cc:88 NCCL WARN Error: failed to extend /dev/shm/nccl-WU88OE to '
+                 '9637892 bytes, error: No space left on device (28)\n')
+
+
+def test_nccls_transports_are_read_and_a_fall_back_from_peer_to_peer_is_named():
+    assert _torch_probe.nccl_paths(NCCL_P2P, 2) == {'transports': ['P2P'], 'warnings': [], 'notes': []}
+    shm = _torch_probe.nccl_paths(NCCL_SHM, 2)
+    assert shm['transports'] == ['SHM'] and shm['notes'] == [
+        'NCCL moved data between the GPUs through shared memory, not peer to peer: P2P is blocked between them (PCIe '
+        "ACS or the IOMMU on the node's path, or NCCL_P2P_DISABLE)"]
+    net = _torch_probe.nccl_paths(NCCL_NET, 2)
+    assert net['transports'] == ['NET/IB', 'NET/Socket'] and net['notes'][0].startswith(
+        'NCCL went through the network inside one container')
+    full = _torch_probe.nccl_paths(NCCL_SHM_FULL, 2)
+    assert full['warnings'] == [NCCL_SHM_FULL.strip()]
+    assert full['notes'] == ["/dev/shm is too small for NCCL's shared-memory transport (it could not grow "
+                             '/dev/shm/nccl-WU88OE to 9637892 bytes): give the container a larger /dev/shm']
+    assert _torch_probe.nccl_paths(NCCL_SHM, 1)['notes'] == []  # one GPU: no peer to speak to
+
+
+# torch.distributed of the stand-in CUDA build: NCCL's ranks fail at their first collective as they do when
+# /dev/shm cannot hold NCCL's segments (the warning, then torch's error, as real runs print them)
+DISTRIBUTED = r'''
+import sys
+def is_available():
+    return True
+def is_nccl_available():
+    return True
+def init_process_group(backend, **kw):
+    sys.stdout.write("gpu0:123:456 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via SHM/direct/direct\n")
+    sys.stdout.write("gpu0:123:456 [0] misc/shmutils.cc:88 NCCL WARN Error: failed to extend /dev/shm/nccl-WU88OE "
+                     "to 9637892 bytes, error: No space left on device (28)\n")
+    sys.stdout.flush()
+    raise RuntimeError("NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled system "
+                       "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.28.9")
+def destroy_process_group():
+    pass
+'''
+
+
+def test_a_collective_whose_ranks_fail_says_so_with_what_nccl_said(tmp_path):
+    venv = cuda_venv(tmp_path)
+    site = os.path.join(venv, 'lib', os.listdir(os.path.join(venv, 'lib'))[0], 'site-packages')
+    with open(os.path.join(site, 'torch', '__init__.py'), 'a') as fh:
+        fh.write('cuda.device_count = lambda: 2\n')
+    with open(os.path.join(site, 'torch', 'distributed.py'), 'w') as fh:
+        fh.write(DISTRIBUTED)
+    result = _torch_probe.verify(venv, {'timeout': 60, 'collective': True, 'collective_timeout': 30},
+                                 dev_dir=str(tmp_path))
+    (check,) = [c for c in result['checks'] if c['name'] == 'allreduce']
+    assert check['backend'] == 'nccl' and check['world'] == 2 and check['status'] == 'failed'
+    assert check['error'].startswith('rank 0 failed: RuntimeError: NCCL error in: ')
+    assert check['transports'] == ['SHM'] and 'output' not in check
+    (failure,) = [f for f in result['failures'] if f['check'] == 'allreduce']
+    assert failure['why'].startswith("/dev/shm is too small for NCCL's shared-memory transport")
+    assert 'through shared memory, not peer to peer' in failure['why']
+
+
+def test_a_collective_that_never_ends_is_stopped_at_its_bound(tmp_path):
+    venv = cuda_venv(tmp_path)
+    site = os.path.join(venv, 'lib', os.listdir(os.path.join(venv, 'lib'))[0], 'site-packages')
+    with open(os.path.join(site, 'torch', 'distributed.py'), 'w') as fh:
+        fh.write(DISTRIBUTED.replace('    raise RuntimeError(', '    import time; time.sleep(600)\n    raise RuntimeError('))
+    result = _torch_probe.verify(venv, {'timeout': 60, 'collective': True, 'collective_timeout': 2},
+                                 dev_dir=str(tmp_path))
+    (failure,) = [f for f in result['failures'] if f['check'] == 'allreduce']
+    assert failure['actual'] == 'rank(s) 0 did not finish the collective in 2 s'
+    assert result['timings']['total_s'] < 30
+
+
+def test_a_dev_shm_smaller_than_the_gpus_need_is_a_finding_that_says_why(tmp_path):
+    venv = cuda_venv(tmp_path)
+    have = os.statvfs('/dev/shm')
+    have_mb = have.f_frsize * have.f_blocks >> 20
+    result = _torch_probe.verify(venv, {'timeout': 60, 'min_shm_mb_per_gpu': have_mb + 1}, dev_dir=str(tmp_path))
+    (shm,) = [c for c in result['checks'] if c['name'] == 'shm']
+    assert shm['status'] == 'failed' and shm['floor_bytes'] == (have_mb + 1) << 20  # one GPU
+    (failure,) = [f for f in result['failures'] if f['check'] == 'shm']
+    assert failure['expected'] == '>= {0} MiB'.format(have_mb + 1) and failure['actual'] == '{0} MiB'.format(have_mb)
+    assert failure['why'].startswith("NCCL's shared-memory transport")
+    result = _torch_probe.verify(venv, {'timeout': 60, 'min_shm_mb_per_gpu': 1}, dev_dir=str(tmp_path))
+    assert [c['status'] for c in result['checks'] if c['name'] == 'shm'] == ['ok']

@@ -9,12 +9,19 @@ import pytest
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _verdict
 
 TORCH = {'torch_version': '2.11.0+cu128', 'cuda_version': '12.8', 'cuda_available': True,
-         'driver_version': '580.95.05', 'device_count': 2, 'failures': []}
+         'driver_version': '580.95.05', 'device_count': 2, 'failures': [],
+         'checks': [{'name': 'cudnn_conv', 'device': 0, 'status': 'ok'}, {'name': 'cudnn_conv', 'device': 1, 'status': 'ok'},
+                    {'name': 'cusparselt_24', 'device': 0, 'status': 'not_applicable', 'why': 'no cuSPARSELt'},
+                    {'name': 'cusparselt_24', 'device': 1, 'status': 'not_applicable', 'why': 'no cuSPARSELt'},
+                    {'name': 'shm', 'status': 'ok'},
+                    {'name': 'allreduce', 'backend': 'nccl', 'world': 2, 'status': 'ok', 'algbw_gbps': 141.2}]}
 GOOD = {'host': 'train-0', 'node': 'pve1', 'vmid': 200, 'profile': 'default', 'ok': True, 'run': 'r1',
         'expected': {'device_count': 2}, 'torch': TORCH, 'audit': {'healthy': True, 'findings': {}}}
 ROW = {'host': 'train-0', 'node': 'pve1', 'vmid': 200, 'profile': 'default', 'state': 'verified', 'ok': True,
        'torch_version': '2.11.0+cu128', 'cuda_version': '12.8', 'cuda_available': True, 'driver_version': '580.95.05',
-       'devices_seen': 2, 'devices_expected': 2, 'failures': [], 'venv_findings': 0}
+       'devices_seen': 2, 'devices_expected': 2, 'failures': [], 'venv_findings': 0,
+       'checks': {'allreduce': 'ok', 'cudnn_conv': 'ok', 'cusparselt_24': 'not_applicable', 'shm': 'ok'},
+       'allreduce_gbps': 141.2}
 FINDINGS = {'broken_distributions': [{'name': 'a'}], 'collisions': [{}, {}], 'unresolved_libraries': [{}],
             'failed_imports': [{}], 'missing_requirements': [{}], 'interpreter': [{}], 'startup_files': [{}],
             'drift': {'missing': [{}, {}], 'extra': [{}], 'wrong_version': []}}
@@ -31,6 +38,19 @@ def test_a_rows_every_field_comes_from_its_report():
     assert _verdict.row(GOOD) == ROW
     assert _verdict.row(bad_report()) == dict(ROW, state='failed', ok=False, failures=['device_count: expected 2, got 1'],
                                               venv_findings=11)
+
+
+def test_a_checks_status_is_the_worst_of_its_devices():
+    assert _verdict.checks([{'name': 'cudnn_conv', 'device': 0, 'status': 'ok'},
+                            {'name': 'cudnn_conv', 'device': 1, 'status': 'failed'},
+                            {'name': 'cudnn_conv', 'device': 2, 'status': 'ok'},
+                            {'name': 'cusparselt_24', 'device': 0, 'status': 'not_applicable'},
+                            {'name': 'cusparselt_24', 'device': 1, 'status': 'ok'},
+                            {'name': 'shm', 'status': 'something new'}]) == {
+        'cudnn_conv': 'failed', 'cusparselt_24': 'ok', 'shm': 'failed'}
+    assert _verdict.checks(None) == {}
+    failed = dict(GOOD, torch=dict(TORCH, checks=[{'name': 'allreduce', 'status': 'failed', 'error': 'x'}]))
+    assert _verdict.row(failed)['allreduce_gbps'] is None
 
 
 def test_a_row_without_its_torch_failures_says_the_audits_problems():

@@ -27,6 +27,10 @@ METRICS = (
     ('gpus_expected', 'GPUs the fleet gives the container.', CONTAINER),
     ('gpus_seen', 'GPUs torch saw in the container.', CONTAINER),
     ('venv_healthy', 'Whether the container\'s venv audit found nothing.', CONTAINER),
+    ('check_ok', 'Whether a check of the container\'s verification passed (check: cudnn_conv, cusparselt_24, '
+     'allreduce, shm; one that does not apply there has no sample).', CONTAINER + ('check',)),
+    ('allreduce_gbps', 'The algorithm bandwidth of the all_reduce across the container\'s GPUs (gloo between two CPU '
+     'processes without one), GB/s as nccl-tests reports it.', CONTAINER),
     ('container_info', 'The container\'s torch, CUDA and userspace driver versions (always 1).',
      CONTAINER + ('torch_version', 'cuda_version', 'driver_version')),
     ('node_driver_info', 'The NVIDIA driver version loaded on the node (always 1).', ('node', 'driver_version')),
@@ -105,6 +109,11 @@ def samples(result, command, ended, took, before=()):
             if row.get('devices_seen') is not None:
                 out.append(('gpus_seen', ids, row['devices_seen']))
             out.append(('venv_healthy', ids, 0 if row.get('venv_findings') else 1))
+            for check, status in sorted((row.get('checks') or {}).items()):
+                if status in ('ok', 'failed'):
+                    out.append(('check_ok', dict(ids, check=check), 1 if status == 'ok' else 0))
+            if row.get('allreduce_gbps') is not None:
+                out.append(('allreduce_gbps', ids, row['allreduce_gbps']))
             versions = dict((k, row.get(k) or '') for k in ('torch_version', 'cuda_version', 'driver_version'))
             if any(versions.values()):
                 out.append(('container_info', dict(ids, **versions), 1))

@@ -99,6 +99,11 @@ def container_row(r, colour):
         ('CPU only' if gpus == [] else esc(', '.join(str(g) for g in gpus)) if gpus else '-') + (
             ' <span class="muted">(torch saw {0})</span>'.format(esc(r['devices_seen']))
             if r.get('devices_seen') is not None and gpus else ''),
+        ', '.join('<span class="state {0}">{1}</span>'.format(
+            {'ok': 'ok', 'failed': 'bad'}.get(status, 'off'), esc(check if status != 'not_applicable' else check + ' n/a'))
+            for check, status in sorted((r.get('checks') or {}).items())) + (
+            ' <span class="muted">(all_reduce {0} GB/s)</span>'.format(esc(r['allreduce_gbps']))
+            if r.get('allreduce_gbps') is not None else ''),
         '<ul>{0}</ul>'.format(''.join('<li>{0}</li>'.format(esc(p)) for p in problems)) if problems else '',
         '<ul>{0}</ul>'.format(''.join('<li>{0}</li>'.format(esc(d)) for d in drift)) if drift else 'none',
     ]
@@ -137,7 +142,8 @@ def page(result):
                 '<li>{0}</li>'.format(esc(show.drift_line(i))) for i in node_drift[node])))
         if mine:
             parts.append('<table><tr>{0}</tr>{1}</table>'.format(''.join('<th>{0}</th>'.format(h) for h in (
-                'container', 'vmid', 'state', 'torch', 'CUDA', 'driver', 'GPUs', 'why not verified', 'drift')),
+                'container', 'vmid', 'state', 'torch', 'CUDA', 'driver', 'GPUs', 'checks', 'why not verified',
+                'drift')),
                 ''.join(container_row(r, colour) for r in sorted(mine, key=lambda r: str(r.get('host')))))
             )
         parts.append('</section>')
