@@ -252,6 +252,7 @@ def collective():
                     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                     os.dup2(fd, 1)
                     os.dup2(fd, 2)
+                    torch.set_num_threads(1)  # the parent's OpenMP threads are not in the child
                     sys.stdout.write("\n" + json.dumps(collective_rank(a)) + "\n")
                     sys.stdout.flush()
                     code = 0
@@ -323,6 +324,44 @@ if opts.get("collective"):
     else:
         out["checks"].append({"name": "allreduce", "status": "failed", "error": "torch.distributed has no {0} "
                               "backend in this build".format("NCCL" if devices else "gloo")})
+def train_step(dev):
+    # a short, fixed training step of a small transformer (forward, backward, an SGD step): bf16 autocast on a GPU,
+    # fp32 on the CPU; tokens per second over 10 steps (20 on the CPU) after 2 to warm. It runs after the collective:
+    # the gloo ranks are forked, and a fork after torch's CPU thread pool has run is not safe.
+    import math
+    torch.manual_seed(0)
+    gpu = dev.type == "cuda"
+    d, layers, batch, seq, steps = (1024, 4, 16, 512, 10) if gpu else (64, 2, 4, 64, 20)
+    layer = torch.nn.TransformerEncoderLayer(d, nhead=8 if gpu else 4, dim_feedforward=4 * d, dropout=0.0,
+                                             batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).to(dev)
+    params = list(model.parameters())
+    x = torch.randn(batch, seq, d, device=dev)
+    sync = (lambda: torch.cuda.synchronize(dev)) if gpu else (lambda: None)
+    def step():
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=gpu):
+            loss = model(x).float().square().mean()
+        loss.backward()
+        with torch.no_grad():  # plain SGD (torch.optim's import alone takes seconds)
+            for p in params:
+                p.add_(p.grad, alpha=-1e-3)
+                p.grad = None
+        return loss.item()
+    for _ in range(2):
+        step()
+    sync()
+    t = time.monotonic()
+    for _ in range(steps):
+        loss = step()
+    sync()
+    took = time.monotonic() - t
+    return {"tokens_per_s": round(batch * seq * steps / took, 1), "step": "{0}: d={1} layers={2} batch={3} seq={4}".format(
+        "bf16" if gpu else "fp32 cpu", d, layers, batch, seq), "error": None if math.isfinite(loss) else
+        "the training step's loss is {0}".format(loss)}
+if opts.get("train_step"):
+    for d in devices or [None]:
+        check("train_step", lambda: train_step(torch.device("cuda", d["index"]) if d else torch.device("cpu")),
+              d["index"] if d else None)
 if opts.get("compile_check"):
     t = time.monotonic()
     try:
@@ -397,7 +436,8 @@ def library_why(error, stderr=''):
 CHECKS = {'cudnn_conv': 'a cuDNN convolution forward and backward matches the CPU',
           'cusparselt_24': "a 2:4 sparse matmul through cuSPARSELt matches the dense one",
           'allreduce': "an all_reduce across the container's GPUs (NCCL; gloo on CPU without one) completes right",
-          'shm': "/dev/shm as large as the container's GPUs need"}
+          'shm': "/dev/shm as large as the container's GPUs need",
+          'train_step': "a small transformer's training step runs"}
 
 # NCCL_DEBUG=INFO's line for each channel's path between two ranks:
 #   NCCL INFO Channel 01/0 : 8[0] -> 15[7] via P2P/IPC/read
@@ -584,12 +624,79 @@ def collective_findings(result, floor=None):
             result['failures'].append(failure)
 
 
+def _read_json(path):
+    try:
+        with open(path) as fh:
+            found = json.load(fh)
+        return found if isinstance(found, dict) else None
+    except (IOError, OSError, ValueError):
+        return None
+
+
+def throughput_now(result, venv):
+    """What the training step measured, with what it ran on: {tokens_per_s (the slowest device's), step, device,
+    torch_version, driver_version, venv (the venv's real path)}, or None where it did not run."""
+    ran = [c for c in result.get('checks') or [] if c.get('name') == 'train_step' and c.get('status') == 'ok']
+    if not ran:
+        return None
+    devices = result.get('devices') or []
+    return {'tokens_per_s': min(c['tokens_per_s'] for c in ran), 'step': ran[0].get('step'),
+            'device': devices[0].get('name') if devices else 'cpu', 'torch_version': result.get('torch_version'),
+            'driver_version': result.get('driver_version'), 'venv': os.path.realpath(result['venv'])}
+
+
+def throughput(result, path, drop=None):
+    """The training step against the container's baseline at path (its first good result: record_baseline writes
+    it): result['throughput'] {tokens_per_s, baseline, ratio}, and a failure where it fell more than drop (0.15) below
+    it that names the drop and what changed since. A baseline of another device or step is not compared."""
+    now = throughput_now(result, result['venv'])
+    if now is None:
+        return
+    drop = 0.15 if drop is None else drop
+    base = _read_json(path)
+    result['throughput'] = {'tokens_per_s': now['tokens_per_s'], 'baseline': base, 'ratio': None}
+    if not base or not base.get('tokens_per_s') or (base.get('device'), base.get('step')) != (now['device'],
+                                                                                           now['step']):
+        return
+    ratio = now['tokens_per_s'] / float(base['tokens_per_s'])
+    result['throughput']['ratio'] = round(ratio, 3)
+    if ratio >= 1 - drop:
+        return
+    changed = ['{0} {1} -> {2}'.format(k.replace('_', ' '), base.get(k), now[k])
+               for k in ('venv', 'torch_version', 'driver_version') if base.get(k) != now[k]]
+    result['failures'].append({
+        'check': 'throughput', 'expected': '>= {0:.0f} tokens/s ({1:.0%} below the baseline {2} of {3})'.format(
+            base['tokens_per_s'] * (1 - drop), drop, base['tokens_per_s'], base.get('recorded_at')),
+        'actual': now['tokens_per_s'],
+        'why': '{0:.0%} below the baseline; since it: {1}'.format(1 - ratio, '; '.join(changed) if changed else (
+            'nothing the verification sees changed (venv, torch, driver): look at the node (clocks, temperature, '
+            'other jobs on its GPUs)'))})
+
+
+def record_baseline(result, path, now=None):
+    """Keep the training step of a passing verification as the container's baseline where it has none (or one of
+    another device or step); True where written."""
+    found = throughput_now(result, result['venv'])
+    base = _read_json(path)
+    if found is None or (base and (base.get('device'), base.get('step')) == (found['device'], found['step'])):
+        return False
+    found['recorded_at'] = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now or time.time()))
+    directory = os.path.dirname(path)
+    if directory and not os.path.isdir(directory):
+        os.makedirs(directory, 0o755)
+    temp = path + '.tmp'
+    with open(temp, 'w') as fh:
+        json.dump(found, fh, indent=1, sort_keys=True)
+    os.rename(temp, path)
+    return True
+
+
 def verify(venv, params, dev_dir='/dev'):
     """The facts and every failure ({check, expected, actual, why}); never changes anything."""
     started = time.time()
     options = dict((k, params.get(k)) for k in ('smoke', 'compile_check', 'compile_backend', 'collective',
                                                   'collective_timeout', 'collective_bytes', 'min_shm_mb_per_gpu',
-                                                  'shm_dir'))
+                                                  'shm_dir', 'train_step'))
     options['self'] = PROBE  # a collective's NCCL ranks run the probe's own code
     probe, problem = run_probe(venv, options, params.get('timeout') or 300)
     result = {'venv': venv, 'failures': [], 'timings': {}}
@@ -628,6 +735,8 @@ def verify(venv, params, dev_dir='/dev'):
             failures.append({'check': 'matmul', 'expected': 'a device to run on', 'actual': 'none'})
         library_failures(result, venv)
         collective_findings(result, params.get('min_allreduce_gbps'))
+        if params.get('baseline_path'):
+            throughput(result, params['baseline_path'], params.get('max_throughput_drop'))
         if params.get('compile_check') and not probe.get('compile_ok'):
             failures.append({'check': 'compile', 'expected': 'torch.compile works', 'actual': probe.get('compile_error')})
     if params.get('user') not in (None, ''):

@@ -82,6 +82,21 @@ options:
   min_allreduce_gbps:
     description: A floor for the collective's algorithm bandwidth in GB/s (as nccl-tests reports it).
     type: float
+  train_step:
+    description: The check C(train_step) - a short, fixed training step of a small transformer on each GPU (bf16), or
+      on the CPU where there is none (fp32), in tokens per second.
+    type: bool
+    default: false
+  baseline_path:
+    description:
+      - Where the container keeps its training step's baseline (with O(train_step)) - the first passing verification's
+        result is written there (not in check mode), and a later one that falls more than O(max_throughput_drop)
+        below it is the failure C(throughput), naming the drop and what changed since (venv, torch, driver).
+    type: path
+  max_throughput_drop:
+    description: The fraction of the baseline the training step may fall below it.
+    type: float
+    default: 0.15
   min_shm_mb_per_gpu:
     description: The check C(shm) - C(/dev/shm) must hold this many MiB per GPU (for one where there is none); 0 skips it.
     type: int
@@ -169,13 +184,22 @@ driver_version:
   description: The userspace driver's version (from the loaded libcuda.so.1's file name).
   returned: when torch imports
   type: str
+throughput:
+  description: With O(baseline_path), the training step's tokens_per_s (the slowest device's), the baseline as kept
+    (tokens_per_s, step, device, torch_version, driver_version, venv, recorded_at) and ratio (null where not compared).
+  returned: when the training step ran
+  type: dict
+baseline_recorded:
+  description: Whether this verification's training step was kept as the container's baseline.
+  returned: with O(baseline_path), when the verification passed and not in check mode
+  type: bool
 checks:
   description:
     - Each CUDA library torch relies on beyond cuBLAS, exercised on each device at its first real call - C(cudnn_conv)
       (a convolution forward and backward against the CPU's) and C(cusparselt_24) (a 2:4 sparse matmul where the venv
       has cuSPARSELt); with O(collective), C(allreduce) (backend, world, algbw_gbps, busbw_gbps, and with NCCL the
       transports it chose, its warnings and notes on a fall back from peer to peer); with O(min_shm_mb_per_gpu),
-      C(shm) (bytes, floor_bytes).
+      C(shm) (bytes, floor_bytes); with O(train_step), C(train_step) (tokens_per_s, step).
     - Each has name, device, status (ok, failed or not_applicable), why (when not applicable), error, what the library
       printed on stderr during it, rel_error and seconds; a failed one is also a failure with why.
   returned: when torch imports
@@ -227,7 +251,8 @@ def main():
         compile_check=dict(type='bool', default=False), compile_backend=dict(type='str', default='inductor'),
         collective=dict(type='bool', default=False), collective_timeout=dict(type='int', default=60),
         collective_bytes=dict(type='int'), min_allreduce_gbps=dict(type='float'),
-        min_shm_mb_per_gpu=dict(type='int', default=0),
+        min_shm_mb_per_gpu=dict(type='int', default=0), train_step=dict(type='bool', default=False),
+        baseline_path=dict(type='path'), max_throughput_drop=dict(type='float', default=0.15),
         dev_dir=dict(type='path', default='/dev'), timeout=dict(type='int', default=300),
         record_fingerprint=dict(type='str'), user=dict(type='str')),
         supports_check_mode=True)
@@ -240,6 +265,11 @@ def main():
             result['recorded'] = True
         except (IOError, OSError) as e:
             module.warn('torch_verify: the verification passed but could not be recorded: {0}'.format(e))
+    if module.params['baseline_path'] and not module.check_mode:
+        try:
+            result['baseline_recorded'] = _torch_probe.record_baseline(result, module.params['baseline_path'])
+        except (IOError, OSError) as e:
+            module.warn('torch_verify: the training step\'s baseline could not be kept: {0}'.format(e))
     module.exit_json(changed=False, **result)
 
 

@@ -83,6 +83,19 @@ options:
     description: A floor for the collective's algorithm bandwidth in GB/s (0 for none).
     type: float
     default: 0
+  train_step:
+    description: A short, fixed training step of a small transformer on each GPU (bf16), or on the CPU without one.
+    type: bool
+    default: true
+  throughput_baseline:
+    description: Where the container keeps its training step's first passing result, the baseline later verifications
+      are held to ('' keeps none).
+    type: str
+    default: /var/lib/gpufleet/throughput-baseline.json
+  max_throughput_drop:
+    description: The fraction of the baseline the training step may fall below it before it is a finding.
+    type: float
+    default: 0.15
   min_shm_mb_per_gpu:
     description: C(/dev/shm) must hold this many MiB per GPU of the container (for one without any); 0 skips the check.
     type: int
@@ -216,6 +229,9 @@ ARGUMENT_SPEC = {
     'collective': {'type': 'bool', 'default': True},
     'min_allreduce_gbps': {'type': 'float', 'default': 0},
     'min_shm_mb_per_gpu': {'type': 'int', 'default': 256},
+    'train_step': {'type': 'bool', 'default': True},
+    'throughput_baseline': {'type': 'str', 'default': '/var/lib/gpufleet/throughput-baseline.json'},
+    'max_throughput_drop': {'type': 'float', 'default': 0.15},
     'compile_backend': {'type': 'str', 'default': 'inductor'},
     'user': {'type': 'str', 'default': 'nobody'},
     'audit_mode': {'type': 'str', 'choices': ['fast', 'full'], 'default': 'fast'},

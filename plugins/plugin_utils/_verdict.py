@@ -57,7 +57,8 @@ def state(facts):
               'options': [cuda, settings.get('smoke'), float(settings.get('min_tflops') or 0),
                           bool(settings.get('compile_check')), settings.get('compile_backend'), settings.get('user'),
                           bool(settings.get('collective')), float(settings.get('min_allreduce_gbps') or 0),
-                          int(settings.get('min_shm_mb_per_gpu') or 0)]}
+                          int(settings.get('min_shm_mb_per_gpu') or 0), bool(settings.get('train_step')),
+                          settings.get('throughput_baseline'), float(settings.get('max_throughput_drop') or 0)]}
     fingerprint = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode('utf-8')).hexdigest()
     record, max_age = built.get('verified'), int(settings.get('max_age') or 0)
     reuse = bool(max_age > 0 and isinstance(record, dict) and audited and built_audit.get('healthy')
@@ -188,6 +189,8 @@ def _row(r):
         'checks': checks(torch.get('checks')),
         'allreduce_gbps': next((c.get('algbw_gbps') for c in torch.get('checks') or []
                                 if c.get('name') == 'allreduce' and c.get('status') == 'ok'), None),
+        'tokens_per_s': (torch.get('throughput') or {}).get('tokens_per_s'),
+        'throughput_ratio': (torch.get('throughput') or {}).get('ratio'),
     }
 
 

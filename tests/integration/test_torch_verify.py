@@ -15,6 +15,7 @@ from test_pct_connection import inventory, run
 pytestmark = pytest.mark.lab
 
 GPU, CPU_ONLY = 331, 332
+BASELINE = '/var/lib/gpufleet/throughput-baseline.json'
 FLEET = [entry(GPU, 'verify-gpu', [0, 1], memory=2048), entry(CPU_ONLY, 'verify-cpu', [], memory=2048)]
 
 
@@ -61,6 +62,13 @@ def test_the_verify_stage_wrote_reports(fleet):
     assert allreduce['status'] == 'ok' and allreduce['backend'] == 'gloo' and allreduce['world'] == 2, allreduce
     assert allreduce['algbw_gbps'] > 0 and allreduce['busbw_gbps'] > 0
     assert checks['shm']['status'] == 'ok' and checks['shm']['floor_bytes'] == 256 << 20
+    assert checks['train_step']['status'] == 'ok' and checks['train_step']['tokens_per_s'] > 0
+    assert checks['train_step']['step'] == 'fp32 cpu: d=64 layers=2 batch=4 seq=64'
+    # the first passing one is the container's baseline, kept outside the venv
+    kept = json.loads(subprocess.run(['pct', 'exec', str(GPU), '--', 'cat', BASELINE], capture_output=True, text=True,
+                                     check=True).stdout)
+    assert kept['tokens_per_s'] == checks['train_step']['tokens_per_s'] and kept['device'] == 'cpu'
+    assert kept['venv'].startswith('/root/') and kept['torch_version'] == '2.13.0+cpu'
 
 
 def test_passing_expectations_return_the_facts(fleet, tmp_path, creds):
@@ -225,3 +233,25 @@ def test_a_dev_shm_too_small_and_a_collective_that_cannot_finish_are_findings_wi
         subprocess.run(['pct', 'exec', str(GPU), '--', 'mount', '-o', 'remount,size=50%', '/dev/shm'], check=True)
     res = verify(tmp_path, creds, GPU, min_shm_mb_per_gpu=256, collective=True)
     assert [c['status'] for c in res['checks'] if c['name'] in ('shm', 'allreduce')] == ['ok', 'ok']
+
+
+def test_a_training_step_far_below_its_baseline_is_a_finding_that_names_the_drop(fleet, tmp_path, creds):
+    """The container's baseline raised far above what it can reach (as a venv change that slows training leaves a
+    container below its own): the verification fails on throughput and says by how much and what changed."""
+    kept = subprocess.run(['pct', 'exec', str(GPU), '--', 'cat', BASELINE], capture_output=True, text=True,
+                          check=True).stdout
+    high = dict(json.loads(kept), tokens_per_s=1e9, venv='/root/venvs/before')
+    assert subprocess.run(['pct', 'exec', str(GPU), '--', 'sh', '-c', 'cat > ' + BASELINE],
+                          input=json.dumps(high), text=True).returncode == 0
+    try:
+        res = verify(tmp_path, creds, GPU, fail=True, train_step=True, baseline_path=BASELINE,
+                     max_throughput_drop=0.9)
+        (slow,) = [f for f in res['failures'] if f['check'] == 'throughput']
+        assert slow['expected'].startswith('>= 100000000 tokens/s (90% below the baseline 1000000000.0 of ')
+        assert slow['why'].startswith('100% below the baseline; since it: venv /root/venvs/before -> /root/')
+        assert res['throughput']['ratio'] < 0.01 and 'baseline_recorded' not in res
+    finally:
+        subprocess.run(['pct', 'exec', str(GPU), '--', 'sh', '-c', 'cat > ' + BASELINE], input=kept, text=True,
+                       check=True)
+    res = verify(tmp_path, creds, GPU, train_step=True, baseline_path=BASELINE, max_throughput_drop=0.9)
+    assert res['throughput']['ratio'] > 0.1 and res['baseline_recorded'] is False

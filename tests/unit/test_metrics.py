@@ -30,7 +30,7 @@ RESULT = {
         row('train-0', 101, 'verified', torch_version='2.11.0+cu128', cuda_version='12.8', driver_version='580.95.05',
             devices_seen=2, venv_findings=0, drift=[{'stage': 'container', 'item': 'cores'}],
             checks={'cudnn_conv': 'ok', 'cusparselt_24': 'not_applicable', 'allreduce': 'ok', 'shm': 'ok'},
-            allreduce_gbps=141.2),
+            allreduce_gbps=141.2, tokens_per_s=20112.5, throughput_ratio=0.64),
         row('train-1', 102, 'failed', torch_version='2.11.0+cu128', cuda_version='12.8', driver_version='580.95.05',
             devices_seen=1, venv_findings=3, checks={'cudnn_conv': 'failed', 'allreduce': 'failed'},
             allreduce_gbps=None),
@@ -67,7 +67,8 @@ def test_each_container_state_is_what_its_metrics_say(tmp_path):
         return dict((name, value) for (name, h), value in state.items() if h == host)
 
     assert of('train-0') == {'container_present': 1, 'container_running': 1, 'verify_ok': 1, 'drift_items': 1,
-                             'gpus_expected': 2, 'gpus_seen': 2, 'venv_healthy': 1, 'allreduce_gbps': 141.2}
+                             'gpus_expected': 2, 'gpus_seen': 2, 'venv_healthy': 1, 'allreduce_gbps': 141.2,
+                             'train_tokens_per_second': 20112.5, 'train_throughput_ratio': 0.64}
     # each check that applies to the container, passed (1) or failed (0); one that does not apply has no sample
     checks = dict(((dict(labels)['hostname'], dict(labels)['check']), value) for (name, labels), value in got.items()
                   if name == 'gpufleet_check_ok')

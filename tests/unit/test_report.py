@@ -89,7 +89,8 @@ def test_each_container_with_its_state_versions_gpus_and_drift():
     assert sorted(rows) == ['nb-a', 'nb-b', 'train-0', 'train-1', 'train-2', 'train-3', 'util-0']
     assert rows['train-0'][:7] == ['train-0', '101', 'verified', '2.11.0+cu128', '12.8', '580.95.05',
                                    '0, 1, 2, 3 (torch saw 4)']
-    assert rows['train-0'][7] == 'allreduce, cudnn_conv, cusparselt_24 n/a, shm (all_reduce 141.2 GB/s)'
+    assert rows['train-0'][7] == 'allreduce, cudnn_conv, cusparselt_24 n/a, shm (all_reduce 141.2 GB/s) (20112.5 ' \
+        'tokens/s, 99% of its baseline)'
     assert rows['train-1'][2] == 'failed' and 'libcudnn.so.9' in rows['train-1'][8]
     assert rows['train-1'][7] == 'allreduce, cudnn_conv'
     assert rows['train-1'][9] == 'venv nvidia-cudnn-cu13: missing: 9.19.0.56 is in the lock'

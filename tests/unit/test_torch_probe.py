@@ -1,6 +1,7 @@
 """The verification probe (torch_verify's work) without torch: a venv whose probe cannot run, or dies, is a failure
 named 'probe' with what happened, never a verification without failures; a venv without torch fails its import."""
 
+import json
 import os
 
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import _torch_probe
@@ -242,3 +243,52 @@ def test_a_dev_shm_smaller_than_the_gpus_need_is_a_finding_that_says_why(tmp_pat
     assert failure['why'].startswith("NCCL's shared-memory transport")
     result = _torch_probe.verify(venv, {'timeout': 60, 'min_shm_mb_per_gpu': 1}, dev_dir=str(tmp_path))
     assert [c['status'] for c in result['checks'] if c['name'] == 'shm'] == ['ok']
+
+
+def step_result(venv, tokens, device='NVIDIA H100 80GB HBM3', driver='580.95.05'):
+    return {'venv': str(venv), 'failures': [], 'torch_version': '2.11.0+cu128', 'driver_version': driver,
+            'devices': [{'index': 0, 'name': device}, {'index': 1, 'name': device}],
+            'checks': [{'name': 'train_step', 'device': 0, 'status': 'ok', 'tokens_per_s': tokens, 'step': 'bf16'},
+                       {'name': 'train_step', 'device': 1, 'status': 'ok', 'tokens_per_s': tokens + 500, 'step': 'bf16'}]}
+
+
+def test_the_first_passing_training_step_is_the_baseline_and_a_fall_below_it_names_what_changed(tmp_path):
+    base = str(tmp_path / 'var' / 'lib' / 'gpufleet' / 'throughput-baseline.json')
+    first = step_result(tmp_path / 'venv-a', 20000.0)
+    _torch_probe.throughput(first, base)
+    assert first['throughput'] == {'tokens_per_s': 20000.0, 'baseline': None, 'ratio': None} and not first['failures']
+    assert _torch_probe.record_baseline(first, base, now=1796601600) is True
+    kept = json.loads(open(base).read())
+    assert kept == {'tokens_per_s': 20000.0, 'step': 'bf16', 'device': 'NVIDIA H100 80GB HBM3',
+                    'torch_version': '2.11.0+cu128', 'driver_version': '580.95.05', 'venv': str(tmp_path / 'venv-a'),
+                    'recorded_at': '2026-12-07T00:00:00Z'}
+    assert _torch_probe.record_baseline(step_result(tmp_path / 'venv-a', 30000.0), base) is False  # kept, not raised
+    # the incident: 20 to 12.8 Ktok/s after the venv was "cleaned"
+    later = step_result(tmp_path / 'venv-b', 12800.0)
+    _torch_probe.throughput(later, base)
+    assert later['throughput']['ratio'] == 0.64
+    assert later['failures'] == [{
+        'check': 'throughput', 'expected': '>= 17000 tokens/s (15% below the baseline 20000.0 of 2026-12-07T00:00:00Z)',
+        'actual': 12800.0, 'why': '36% below the baseline; since it: venv {0} -> {1}'.format(
+            tmp_path / 'venv-a', tmp_path / 'venv-b')}]
+    same = step_result(tmp_path / 'venv-a', 12800.0)
+    _torch_probe.throughput(same, base, drop=0.5)
+    assert same['failures'] == []  # within the drop asked for
+    _torch_probe.throughput(same, base)
+    assert same['failures'][0]['why'].startswith('36% below the baseline; since it: nothing the verification sees')
+    within = step_result(tmp_path / 'venv-b', 17500.0)
+    _torch_probe.throughput(within, base)
+    assert within['failures'] == [] and within['throughput']['ratio'] == 0.875
+
+
+def test_a_baseline_of_other_hardware_is_not_compared_and_is_replaced(tmp_path):
+    base = str(tmp_path / 'baseline.json')
+    assert _torch_probe.record_baseline(step_result(tmp_path, 20000.0), base)
+    moved = step_result(tmp_path, 9000.0, device='NVIDIA A100-SXM4-80GB')
+    _torch_probe.throughput(moved, base)
+    assert moved['failures'] == [] and moved['throughput']['ratio'] is None
+    assert _torch_probe.record_baseline(moved, base) is True
+    assert json.loads(open(base).read())['device'] == 'NVIDIA A100-SXM4-80GB'
+    failed = dict(step_result(tmp_path, 1.0), checks=[{'name': 'train_step', 'status': 'failed', 'error': 'x'}])
+    _torch_probe.throughput(failed, base)
+    assert 'throughput' not in failed and _torch_probe.record_baseline(failed, base) is False

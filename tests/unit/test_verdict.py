@@ -14,14 +14,15 @@ TORCH = {'torch_version': '2.11.0+cu128', 'cuda_version': '12.8', 'cuda_availabl
                     {'name': 'cusparselt_24', 'device': 0, 'status': 'not_applicable', 'why': 'no cuSPARSELt'},
                     {'name': 'cusparselt_24', 'device': 1, 'status': 'not_applicable', 'why': 'no cuSPARSELt'},
                     {'name': 'shm', 'status': 'ok'},
-                    {'name': 'allreduce', 'backend': 'nccl', 'world': 2, 'status': 'ok', 'algbw_gbps': 141.2}]}
+                    {'name': 'allreduce', 'backend': 'nccl', 'world': 2, 'status': 'ok', 'algbw_gbps': 141.2}],
+         'throughput': {'tokens_per_s': 20112.5, 'baseline': {'tokens_per_s': 20250.0}, 'ratio': 0.993}}
 GOOD = {'host': 'train-0', 'node': 'pve1', 'vmid': 200, 'profile': 'default', 'ok': True, 'run': 'r1',
         'expected': {'device_count': 2}, 'torch': TORCH, 'audit': {'healthy': True, 'findings': {}}}
 ROW = {'host': 'train-0', 'node': 'pve1', 'vmid': 200, 'profile': 'default', 'state': 'verified', 'ok': True,
        'torch_version': '2.11.0+cu128', 'cuda_version': '12.8', 'cuda_available': True, 'driver_version': '580.95.05',
        'devices_seen': 2, 'devices_expected': 2, 'failures': [], 'venv_findings': 0,
        'checks': {'allreduce': 'ok', 'cudnn_conv': 'ok', 'cusparselt_24': 'not_applicable', 'shm': 'ok'},
-       'allreduce_gbps': 141.2}
+       'allreduce_gbps': 141.2, 'tokens_per_s': 20112.5, 'throughput_ratio': 0.993}
 FINDINGS = {'broken_distributions': [{'name': 'a'}], 'collisions': [{}, {}], 'unresolved_libraries': [{}],
             'failed_imports': [{}], 'missing_requirements': [{}], 'interpreter': [{}], 'startup_files': [{}],
             'drift': {'missing': [{}, {}], 'extra': [{}], 'wrong_version': []}}

@@ -31,6 +31,10 @@ METRICS = (
      'allreduce, shm; one that does not apply there has no sample).', CONTAINER + ('check',)),
     ('allreduce_gbps', 'The algorithm bandwidth of the all_reduce across the container\'s GPUs (gloo between two CPU '
      'processes without one), GB/s as nccl-tests reports it.', CONTAINER),
+    ('train_tokens_per_second', 'Tokens per second of the verification\'s short training step (the slowest GPU\'s).',
+     CONTAINER),
+    ('train_throughput_ratio', 'The training step\'s tokens per second over the container\'s baseline (its first '
+     'passing result).', CONTAINER),
     ('container_info', 'The container\'s torch, CUDA and userspace driver versions (always 1).',
      CONTAINER + ('torch_version', 'cuda_version', 'driver_version')),
     ('node_driver_info', 'The NVIDIA driver version loaded on the node (always 1).', ('node', 'driver_version')),
@@ -112,8 +116,10 @@ def samples(result, command, ended, took, before=()):
             for check, status in sorted((row.get('checks') or {}).items()):
                 if status in ('ok', 'failed'):
                     out.append(('check_ok', dict(ids, check=check), 1 if status == 'ok' else 0))
-            if row.get('allreduce_gbps') is not None:
-                out.append(('allreduce_gbps', ids, row['allreduce_gbps']))
+            for name, key in (('allreduce_gbps', 'allreduce_gbps'), ('train_tokens_per_second', 'tokens_per_s'),
+                              ('train_throughput_ratio', 'throughput_ratio')):
+                if row.get(key) is not None:
+                    out.append((name, ids, row[key]))
             versions = dict((k, row.get(k) or '') for k in ('torch_version', 'cuda_version', 'driver_version'))
             if any(versions.values()):
                 out.append(('container_info', dict(ids, **versions), 1))

@@ -103,7 +103,10 @@ def container_row(r, colour):
             {'ok': 'ok', 'failed': 'bad'}.get(status, 'off'), esc(check if status != 'not_applicable' else check + ' n/a'))
             for check, status in sorted((r.get('checks') or {}).items())) + (
             ' <span class="muted">(all_reduce {0} GB/s)</span>'.format(esc(r['allreduce_gbps']))
-            if r.get('allreduce_gbps') is not None else ''),
+            if r.get('allreduce_gbps') is not None else '') + (
+            ' <span class="muted">({0} tokens/s{1})</span>'.format(esc(r['tokens_per_s']), '' if r.get(
+                'throughput_ratio') is None else ', {0:.0%} of its baseline'.format(r['throughput_ratio']))
+            if r.get('tokens_per_s') is not None else ''),
         '<ul>{0}</ul>'.format(''.join('<li>{0}</li>'.format(esc(p)) for p in problems)) if problems else '',
         '<ul>{0}</ul>'.format(''.join('<li>{0}</li>'.format(esc(d)) for d in drift)) if drift else 'none',
     ]
