@@ -22,22 +22,7 @@ esac
 export PYTHONUNBUFFERED=1 PYTHONPATH=$D/py
 M=$D/py/ansible_collections/gpufleet/proxmox/plugins/modules
 R=/tmp/results; mkdir -p $R
-PY=
-for p in /opt/torch/.venv/bin/python3 python3 python /usr/bin/python3; do
-  if command -v $p >/dev/null && $p -c 'import torch' 2>/dev/null; then PY=$(command -v $p); break; fi
-done
-echo "== python with torch: $PY"
-[ -n "$PY" ] || exit 2
-DRV=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
-SP=$($PY -c 'import torch,os;print(os.path.dirname(os.path.dirname(torch.__file__)))')
-t0=$(date +%s)
-"$PY" -m venv /tmp/v
-VSP=$(/tmp/v/bin/python -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')
-cp -a "$SP"/. "$VSP"/
-for f in "$(dirname "$PY")"/*; do case $(basename "$f") in python*|activate*|Activate*) ;; *) cp -a "$f" /tmp/v/bin/ ;; esac; done
-echo "== venv /tmp/v made and filled in $(( $(date +%s) - t0 )) s (its share/ is not copied: a few files of it missing are the copy's)"
-read -r TV CV CUDNN NCCL <<<"$(/tmp/v/bin/python -c "import torch;print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), '.'.join(map(str, torch.cuda.nccl.version())))")"
-/tmp/v/bin/python -m pip freeze 2>/dev/null | grep '==' > /tmp/lock.txt
+. "$HERE/bench/device_venv.sh"  # PY, /tmp/v (a copy of its torch venv), TV CV CUDNN NCCL DRV, /tmp/lock.txt
 echo "== lock: $(wc -l < /tmp/lock.txt) pins"
 
 mod() {  # module, result name, args (JSON)

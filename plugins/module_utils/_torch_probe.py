@@ -326,11 +326,13 @@ if opts.get("collective"):
                               "backend in this build".format("NCCL" if devices else "gloo")})
 def train_step(dev):
     # a short, fixed training step of a small transformer (forward, backward, an SGD step): bf16 autocast on a GPU,
-    # fp32 on the CPU; tokens per second over 10 steps (20 on the CPU) after 2 to warm. It runs after the collective:
-    # the gloo ranks are forked, and a fork after torch's CPU thread pool has run is not safe.
+    # fp32 on one core of the CPU; tokens per second over 10 steps (20 on the CPU) after 2 to warm. It runs after
+    # the collective: the gloo ranks are forked, and a fork after torch's CPU thread pool has run is not safe.
     import math
     torch.manual_seed(0)
     gpu = dev.type == "cuda"
+    if not gpu:
+        torch.set_num_threads(1)  # one core: OpenMP's threads spinning on a shared CPU would measure the neighbours
     d, layers, batch, seq, steps = (1024, 4, 16, 512, 10) if gpu else (64, 2, 4, 64, 20)
     layer = torch.nn.TransformerEncoderLayer(d, nhead=8 if gpu else 4, dim_feedforward=4 * d, dropout=0.0,
                                              batch_first=True)
