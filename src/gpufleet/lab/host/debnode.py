@@ -133,23 +133,22 @@ def fetch(lab, suite, say=print):
     own = sorted(set(p for v in versions for p, pv in needed[v].items() if pv in versions))
     offered = _madison(lab, suite, own)
     for version in versions:
-        packages, also = pinned(needed[version], own, offered, version)
-        wanted = dict(packages, **also)
-        _download(lab, suite, pool, wanted)
-        files = sorted(set(_deb_file(pool, p, v) for p, v in wanted.items()))
+        packages, also = needed[version], also_offered(needed[version], own, offered, version)
+        # one package may be in both at two versions (apt took bookworm's nvidia-legacy-check at the security
+        # update's for the first driver, as a real node's apt does): both are downloaded and offered
+        _download(lab, suite, pool, packages)
+        _download(lab, suite, pool, also)
+        files = sorted(set(_deb_file(pool, p, v) for p, v in list(packages.items()) + list(also.items())))
         _write(os.path.join(lists, version + '.json'), json.dumps(
             {'version': version, 'packages': packages, 'also': also, 'files': files}, indent=1,
             sort_keys=True).encode(), 0o644)
 
 
-def pinned(needed, own, offered, version):
-    """(packages, also) of a driver version: what installing it needs, each package of the driver's own source at
-    that version (apt, not asked for one by version, takes the newest: bookworm's nvidia-legacy-check at the security
-    update's when the first driver is resolved), and also, the source's other packages the archive offers at that
-    version, which a move to it pins too."""
-    also = dict((p, version) for p in own if p not in needed and version in offered.get(p, []))
-    packages = dict((p, version if p in own and version in offered.get(p, []) else v) for p, v in needed.items())
-    return packages, also
+def also_offered(needed, own, offered, version):
+    """The packages of the driver's own source that the archive offers at version and that installing it does not
+    take at that version (not needed at all, or taken at another: apt, not asked for one by version, takes the
+    newest), {package: version}: a move to the version pins them too."""
+    return dict((p, version) for p in own if needed.get(p) != version and version in offered.get(p, []))
 
 
 def _read_json(path):
