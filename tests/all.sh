@@ -6,7 +6,7 @@
 # status is a failure if any of either failed.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-cd "$here"
+cd "$here" || exit 1
 make=${MAKE:-make}
 log=$(mktemp /tmp/gpufleet-checks.XXXXXX)
 trap 'rm -f "$log"' EXIT

@@ -657,8 +657,8 @@ def throughput(result, path, drop=None):
     drop = 0.15 if drop is None else drop
     base = _read_json(path)
     result['throughput'] = {'tokens_per_s': now['tokens_per_s'], 'baseline': base, 'ratio': None}
-    if not base or not base.get('tokens_per_s') or (base.get('device'), base.get('step')) != (now['device'],
-                                                                                           now['step']):
+    same = base and (base.get('device'), base.get('step')) == (now['device'], now['step'])
+    if not same or not base.get('tokens_per_s'):
         return
     ratio = now['tokens_per_s'] / float(base['tokens_per_s'])
     result['throughput']['ratio'] = round(ratio, 3)
@@ -696,9 +696,9 @@ def record_baseline(result, path, now=None):
 def verify(venv, params, dev_dir='/dev'):
     """The facts and every failure ({check, expected, actual, why}); never changes anything."""
     started = time.time()
-    options = dict((k, params.get(k)) for k in ('smoke', 'compile_check', 'compile_backend', 'collective',
-                                                  'collective_timeout', 'collective_bytes', 'min_shm_mb_per_gpu',
-                                                  'shm_dir', 'train_step'))
+    options = dict((k, params.get(k)) for k in (
+        'smoke', 'compile_check', 'compile_backend', 'collective', 'collective_timeout', 'collective_bytes',
+        'min_shm_mb_per_gpu', 'shm_dir', 'train_step'))
     options['self'] = PROBE  # a collective's NCCL ranks run the probe's own code
     probe, problem = run_probe(venv, options, params.get('timeout') or 300)
     result = {'venv': venv, 'failures': [], 'timings': {}}
