@@ -55,7 +55,7 @@ def test_the_verify_stage_wrote_reports(fleet):
     # what a training job needs beyond import, run for real where the lab can (gloo between two CPU processes of the
     # container, its /dev/shm), and the CUDA libraries' checks said not to apply, and why
     checks = dict((c['name'], c) for c in report['torch']['checks'])
-    assert sorted(checks) == ['allreduce', 'cudnn_conv', 'cusparselt_24', 'shm']
+    assert sorted(checks) == ['allreduce', 'cudnn_conv', 'cusparselt_24', 'shm', 'train_step']
     assert checks['cudnn_conv']['status'] == 'not_applicable' and checks['cudnn_conv']['why'] == \
         'no CUDA device: torch is a CPU build'
     allreduce = checks['allreduce']
@@ -68,7 +68,7 @@ def test_the_verify_stage_wrote_reports(fleet):
     kept = json.loads(subprocess.run(['pct', 'exec', str(GPU), '--', 'cat', BASELINE], capture_output=True, text=True,
                                      check=True).stdout)
     assert kept['tokens_per_s'] == checks['train_step']['tokens_per_s'] and kept['device'] == 'cpu'
-    assert kept['venv'].startswith('/root/') and kept['torch_version'] == '2.13.0+cpu'
+    assert kept['venv'].startswith('/opt/gpufleet/venvs/') and kept['torch_version'] == '2.13.0+cpu'
 
 
 def test_passing_expectations_return_the_facts(fleet, tmp_path, creds):
@@ -219,9 +219,11 @@ def test_a_user_who_cannot_open_the_gpus_is_a_finding(fleet, tmp_path, creds, no
 
 
 def test_a_dev_shm_too_small_and_a_collective_that_cannot_finish_are_findings_with_why(fleet, tmp_path, creds):
-    """/dev/shm shrunk in the container (a remount of its tmpfs, as a small shm_size leaves it): the check shm
-    fails and says why; a collective given no time to finish is stopped at its bound and fails."""
-    assert subprocess.run(['pct', 'exec', str(GPU), '--', 'mount', '-o', 'remount,size=16m', '/dev/shm']).returncode == 0
+    """/dev/shm shrunk in the container (a small tmpfs mounted over it, as a small shm size leaves it): the check
+    shm fails and says why; a collective given no time to finish is stopped at its bound and fails."""
+    small = subprocess.run(['pct', 'exec', str(GPU), '--', 'mount', '-t', 'tmpfs', '-o', 'size=16m,nosuid,nodev',
+                            'tmpfs', '/dev/shm'], capture_output=True, text=True)
+    assert small.returncode == 0, small.stderr
     try:
         res = verify(tmp_path, creds, GPU, fail=True, min_shm_mb_per_gpu=256, collective=True, collective_timeout=1,
                      collective_bytes=256 << 20)
@@ -230,7 +232,7 @@ def test_a_dev_shm_too_small_and_a_collective_that_cannot_finish_are_findings_wi
         (allreduce,) = [f for f in res['failures'] if f['check'] == 'allreduce']
         assert allreduce['actual'] == 'rank(s) 0, 1 did not finish the collective in 1 s', allreduce
     finally:
-        subprocess.run(['pct', 'exec', str(GPU), '--', 'mount', '-o', 'remount,size=50%', '/dev/shm'], check=True)
+        subprocess.run(['pct', 'exec', str(GPU), '--', 'umount', '/dev/shm'], check=True)
     res = verify(tmp_path, creds, GPU, min_shm_mb_per_gpu=256, collective=True)
     assert [c['status'] for c in res['checks'] if c['name'] in ('shm', 'allreduce')] == ['ok', 'ok']
 
@@ -248,7 +250,8 @@ def test_a_training_step_far_below_its_baseline_is_a_finding_that_names_the_drop
                      max_throughput_drop=0.9)
         (slow,) = [f for f in res['failures'] if f['check'] == 'throughput']
         assert slow['expected'].startswith('>= 100000000 tokens/s (90% below the baseline 1000000000.0 of ')
-        assert slow['why'].startswith('100% below the baseline; since it: venv /root/venvs/before -> /root/')
+        assert slow['why'].startswith('100% below the baseline; since it: venv /root/venvs/before -> '
+                                      '/opt/gpufleet/venvs/')
         assert res['throughput']['ratio'] < 0.01 and 'baseline_recorded' not in res
     finally:
         subprocess.run(['pct', 'exec', str(GPU), '--', 'sh', '-c', 'cat > ' + BASELINE], input=kept, text=True,
