@@ -12,8 +12,10 @@ fleet's plan asks that vendor for the node's device nodes. Nothing else changes.
 """
 
 
+import os
+
 from ansible_collections.gpufleet.proxmox.plugins.module_utils import (
-    _nvidia, _nvidia_bundle, _nvidia_devices, _nvidia_kernel, _nvidia_userspace)
+    _nvidia, _nvidia_bundle, _nvidia_devices, _nvidia_kernel, _nvidia_userspace, _pcie)
 
 DEFAULT = 'nvidia'
 
@@ -136,5 +138,10 @@ def discover_node(params, check=False):
     its facts saying which vendor that is."""
     found = vendor(params.get('vendor'))
     out = found.discover_node(params, check)
-    out['ansible_facts']['gpufleet_gpu_devices']['vendor'] = found.name
+    facts = out['ansible_facts']['gpufleet_gpu_devices']
+    facts['vendor'] = found.name
+    # the PCIe path between its GPUs (IOMMU, the bridges above each and their ACS bits), whoever made them
+    facts['pcie'] = _pcie.describe(dict((g['index'], _pcie.bus_id(g['pci_bus_id'])) for g in facts.get('gpus') or []
+                                        if g.get('index') is not None and g.get('pci_bus_id')),
+                                   os.path.join(params.get('root') or '/', 'sys'))
     return out

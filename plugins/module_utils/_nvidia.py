@@ -13,7 +13,7 @@ import re
 import stat
 import subprocess
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _nvidia_bundle, _nvidia_kernel, _pveconf
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _files, _nvidia_bundle, _nvidia_kernel, _pcie, _pveconf
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._devnodes import char_majors, node_info
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._nvidia_devices import CONTROL_NODES, GPU_NODE, UVM_NODES, gpu_indexes
 
@@ -48,12 +48,7 @@ def nvidia_smi(executable):
     return gpus
 
 
-def bus_id(text):
-    """A PCI bus id as the driver's /proc writes it ('0000:18:00.0'), from nvidia-smi's form ('00000000:18:00.0')."""
-    parts = str(text).strip().lower().split(':')
-    if len(parts) == 3:
-        parts[0] = parts[0][-4:].rjust(4, '0')
-    return ':'.join(parts)
+bus_id = _pcie.bus_id  # nvidia-smi's '00000000:18:00.0' as the driver's /proc writes it, '0000:18:00.0'
 
 
 def driver_minors(proc_root='/proc'):

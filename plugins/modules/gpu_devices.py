@@ -180,7 +180,11 @@ ansible_facts:
           C(runfile) the files of NVIDIA's installer the node has), and with a loaded
           driver C(installed_versions), the userspace driver versions found in the bundle's C(lib_dirs), newest
           last; C(held), by GPU index, the containers of the node given that GPU's device node (vmid and name,
-          whoever made them - a devN, pending or not, or a raw mount entry).
+          whoever made them - a devN, pending or not, or a raw mount entry); C(pcie), the PCIe path between the GPUs
+          as the node's sysfs shows it - C(iommu) (enabled, groups), C(gpus) by index (bus_id, and bridges, nearest
+          first, each with its bdf and the ACS control bits set, null where it has no ACS capability; null where
+          sysfs does not have the GPU) and C(redirecting), the bridges whose ACS redirects peer-to-peer (RR or CR)
+          and so sends transfers between the GPUs below them up to the root complex.
       type: dict
       returned: always
 '''

@@ -135,5 +135,7 @@ def test_a_second_vendor_plugs_in_and_the_fleet_asks_it_for_its_nodes_devices(to
     # drift: its bundle's fix is one a run makes; a devN of its node no longer wanted is named as a GPU's
     assert _drift.mended_by_a_run({'code': 'bundle_stale', 'fix': toy.gather_fix})
     assert not _drift.mended_by_a_run({'code': 'bundle_stale', 'fix': 'reinstall the driver'})
-    assert _gpu.discover_node({'vendor': 'toy'}) == {'changed': False,
-                                                     'ansible_facts': {'gpufleet_gpu_devices': {'vendor': 'toy'}}}
+    # discovery: the vendor's facts, its name, and its GPUs' PCIe path (none here: the toy discovers no GPU)
+    assert _gpu.discover_node({'vendor': 'toy', 'root': str(tmp_path)}) == {
+        'changed': False, 'ansible_facts': {'gpufleet_gpu_devices': {'vendor': 'toy', 'pcie': {
+            'iommu': {'enabled': False, 'groups': 0}, 'gpus': {}, 'redirecting': []}}}}
