@@ -18,7 +18,7 @@ from ansible_collections.gpufleet.proxmox.plugins.plugin_utils._action import Co
 def nodes_seen(hostvars, nodes):
     """What gpu_node left on each node of the play: GPU indexes (None where it did not run), each one's device
     minor, its gpu_devices entries, device majors, the control nodes it has (None where unknown), the driver
-    bundle's path, the shared directories, and the containers that hold each GPU."""
+    bundle's path, the shared directories, the containers that hold each GPU, and the PCIe path between them."""
     out = {}
     for name in nodes:
         devices = host_var(hostvars, name, 'gpufleet_gpu_devices', {})
@@ -31,7 +31,7 @@ def nodes_seen(hostvars, nodes):
                      'driver': host_var(hostvars, name, 'gpu_node_driver', {}).get('path') or '',
                      'shares': host_var(hostvars, name, 'gpu_node_shared', []),
                      'held': devices.get('held') or {}, 'driver_version': devices.get('driver_version'),
-                     'vendor': devices.get('vendor')}
+                     'vendor': devices.get('vendor'), 'pcie': devices.get('pcie') or {}}
     return out
 
 

@@ -11,7 +11,7 @@ A fleet entry (see roles/gpu_container/meta/argument_specs.yml):
 
 import re
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _gpu, _pvecheck, _snapshot
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _gpu, _pcie, _pvecheck, _snapshot
 from ansible_collections.gpufleet.proxmox.plugins.module_utils._pve import pve_version, use_token
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _profile
 
@@ -607,6 +607,18 @@ class Fleet(object):
                                   'snapshots_off': _snapshot.declared_off(entry.get('mounts'))}
         return out
 
+    def p2p_blocked(self):
+        """{vmid: [{gpus, bridge, acs}]}: the containers given two GPUs or more that a bridge redirecting peer to peer
+        (ACS RR or CR, in their node's PCIe path as gpu_devices read it) stands between: NCCL's transfers between
+        those GPUs go up to the root complex, or through shared memory."""
+        out = {}
+        for entry in self.planned():
+            gpus = self.gpus_of(entry) or []
+            found = _pcie.p2p_blocked(self.node(entry).get('pcie') or {}, gpus) if len(gpus) > 1 else []
+            if found:
+                out[entry['vmid']] = found
+        return out
+
     def modes(self, pve=None):
         """{node: devn or raw} for the planned nodes: O(passthrough) where it is not auto; in auto mode devN where
         the node runs PVE 8.1 or later (pve: {node: version}, or one version for all) or has nothing to pass
@@ -637,7 +649,7 @@ class Fleet(object):
             self.passthrough if self.passthrough != 'auto' else 'devn'))
         return {'passthrough': summary, 'passthrough_nodes': modes, 'wanted': wanted, 'containers': first,
                 'raw': raw, 'raw_owned': self.raw_owned(), 'snapshots': self.snapshots(wanted, storages),
-                'hosts': self.hosts(), 'venv_pythons': self.venv_pythons(),
+                'hosts': self.hosts(), 'venv_pythons': self.venv_pythons(), 'p2p_blocked': self.p2p_blocked(),
                 'vmids': sorted(e['vmid'] for e in self.containers if isinstance(e, dict) and 'vmid' in e)}
 
     def venv_pythons(self):

@@ -203,3 +203,21 @@ def test_an_unverified_containers_row_names_its_entrys_venv_profile():
     verdict = _verdict.fleet([], [{'hostname': 'a', 'vmid': 1, 'node': 'pve1', 'venv_profile': 'cpu'}],
                              {'containers': [{'vmid': 1, 'node': 'pve1', 'status': 'stopped'}]})
     assert verdict['containers'][0]['profile'] == 'cpu' and verdict['containers'][0]['state'] == 'stopped'
+
+
+def test_a_container_whose_gpus_a_redirecting_bridge_stands_between_is_named_in_the_plan():
+    # gpu_devices' pcie as Ansible hands it back (its GPU indexes as strings): GPUs 0 and 1 below one switch whose
+    # downstream ports redirect peer to peer, GPU 2 and 3 below another that does not
+    rr = ['SV', 'RR', 'CR', 'UF']
+    pcie = {'gpus': {'0': {'bridges': [{'bdf': '0000:02:00.0', 'acs': rr}, {'bdf': '0000:01:00.0', 'acs': []}]},
+                     '1': {'bridges': [{'bdf': '0000:02:01.0', 'acs': rr}, {'bdf': '0000:01:00.0', 'acs': []}]},
+                     '2': {'bridges': [{'bdf': '0000:82:00.0', 'acs': ['SV']}, {'bdf': '0000:81:00.0', 'acs': []}]},
+                     '3': {'bridges': [{'bdf': '0000:82:01.0', 'acs': ['SV']}, {'bdf': '0000:81:00.0', 'acs': []}]}}}
+    node = {'indexes': [0, 1, 2, 3], 'pcie': pcie}
+    fleet = [{'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'gpus': [0, 1]},
+             {'vmid': 201, 'hostname': 'b', 'node': 'gpu01', 'gpus': [2, 3]},
+             {'vmid': 202, 'hostname': 'c', 'node': 'gpu01', 'gpus': [0]}]
+    plan = _fleet.Fleet(fleet, {'gpu01': node}).plan()
+    assert plan['p2p_blocked'] == {200: [{'gpus': [0, 1], 'bridge': '0000:02:00.0', 'acs': rr},
+                                         {'gpus': [0, 1], 'bridge': '0000:02:01.0', 'acs': rr}]}
+    assert _fleet.Fleet(fleet, {'gpu01': {'indexes': [0, 1, 2, 3]}}).plan()['p2p_blocked'] == {}  # path unknown
