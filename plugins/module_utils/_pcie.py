@@ -44,11 +44,8 @@ def iommu(sys_root='/sys'):
 
 
 def upstream(sys_root, bdf):
-    """The bridges above the device bdf, nearest first ([] where sysfs does not have it): its sysfs path's parents."""
-    try:
-        real = os.path.realpath(os.path.join(sys_root, 'bus', 'pci', 'devices', bdf))
-    except OSError:
-        return None
+    """The bridges above the device bdf, nearest first (None where sysfs does not have it): its sysfs path's parents."""
+    real = os.path.realpath(os.path.join(sys_root, 'bus', 'pci', 'devices', bdf))
     if not os.path.isdir(real):
         return None
     parts = [p for p in real.split(os.sep) if BDF.match(p)]

@@ -16,7 +16,7 @@ import stat
 import subprocess
 import time
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _devnodes, _gpu, _venv
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _devnodes, _files, _gpu, _venv
 
 # Runs with the venv's interpreter; prints one JSON document on its last line. argv[1]: options as JSON.
 PROBE = r'''
@@ -51,6 +51,8 @@ def collective_rank(a):
 if "worker" in opts:
     sys.stdout.write("\n" + json.dumps(collective_rank(opts["worker"])) + "\n")
     sys.exit(0)
+def said(e):
+    return "".join(traceback.format_exception_only(type(e), e)).strip()[-2000:]
 out = {"timings": {}, "python_version": "%d.%d.%d" % sys.version_info[:3]}
 def done():
     sys.stdout.write("\n" + json.dumps(out) + "\n")
@@ -143,21 +145,21 @@ def check(name, run, device=None, not_applicable=None):
     # what the library prints on the process's stderr (cuDNN names the sub-library it cannot load there) is kept
     # with the check that made it print
     import tempfile
-    with tempfile.TemporaryFile() as said:
+    with tempfile.TemporaryFile() as printed:
         sys.stderr.flush()
         saved = os.dup(2)
-        os.dup2(said.fileno(), 2)
+        os.dup2(printed.fileno(), 2)
         try:
             c.update(run() or {})
             c["status"] = "failed" if c.get("error") else "ok"
         except Exception as e:
-            c["status"], c["error"] = "failed", "".join(traceback.format_exception_only(type(e), e)).strip()[-2000:]
+            c["status"], c["error"] = "failed", said(e)
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
-            said.seek(0)
-            text = said.read().decode("utf-8", "replace").strip()
+            printed.seek(0)
+            text = printed.read().decode("utf-8", "replace").strip()
             if text:
                 c["stderr"] = text[-4000:]
     if not c.get("error"):
@@ -278,20 +280,20 @@ def collective():
                 os.kill(procs[r], signal.SIGKILL)
                 os.waitpid(procs[r], 0)
         c["seconds"] = round(time.monotonic() - t, 3)
-        said, results = [], []
+        texts, results = [], []
         for log in logs:
             with open(log, "rb") as fh:
                 text = fh.read().decode("utf-8", "replace")
-            said.append(text)
+            texts.append(text)
             found = [line for line in text.splitlines() if line.startswith("{")]
             results.append(json.loads(found[-1]) if found else None)
-        c["output"] = "\n".join(said)[-20000:]
+        c["output"] = "\n".join(texts)[-20000:]
         if left:
             c["status"], c["error"] = "failed", "rank(s) {0} did not finish the collective in {1} s".format(
                 ", ".join(str(r) for r in sorted(left)), limit)
         elif None in results:
             r = results.index(None)
-            tail = [line for line in said[r].strip().splitlines() if line.strip()][-1:] or ["no output"]
+            tail = [line for line in texts[r].strip().splitlines() if line.strip()][-1:] or ["no output"]
             c["status"], c["error"] = "failed", "rank {0} failed: {1}".format(r, tail[0][-1000:])
         elif not all(x["ok"] for x in results):
             c["status"], c["error"] = "failed", "the all_reduce gave wrong sums"
@@ -300,7 +302,7 @@ def collective():
             c["algbw_gbps"] = min(x["algbw_gbps"] for x in results)
             c["busbw_gbps"] = min(x["busbw_gbps"] for x in results)
     except Exception as e:
-        c["status"], c["error"] = "failed", "".join(traceback.format_exception_only(type(e), e)).strip()[-2000:]
+        c["status"], c["error"] = "failed", said(e)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     out["checks"].append(c)
@@ -375,7 +377,7 @@ if opts.get("compile_check"):
             out["compile_error"] = "the compiled function gave other results than eager mode"
     except Exception as e:
         out["compile_ok"] = False
-        out["compile_error"] = "".join(traceback.format_exception_only(type(e), e)).strip()[-2000:]
+        out["compile_error"] = said(e)
     out["timings"]["compile_s"] = round(time.monotonic() - t, 3)
 done()
 '''
@@ -580,9 +582,10 @@ SHM_WHY = ("NCCL's shared-memory transport between the container's GPUs and Data
            'a larger /dev/shm (a tmpfs mount entry with size= in its config)')
 
 
-def library_failures(result, venv):
-    """A failure for each library check that failed, with why (from its error, what the library printed on stderr
-    during the check and, when one failed, the venv audit: the distributions that lack files)."""
+def check_failures(result, venv):
+    """A failure for each check that failed but the collective's (collective_findings): /dev/shm's with why; each other
+    with why from its error, what the library printed on stderr during it and, when one failed, the venv audit: the
+    distributions that lack files."""
     found = []
     for c in result.get('checks') or []:
         if c.get('name') == 'shm' and c.get('status') == 'failed':
@@ -626,16 +629,18 @@ def collective_findings(result, floor=None):
             result['failures'].append(failure)
 
 
-def _read_json(path):
-    try:
-        with open(path) as fh:
-            found = json.load(fh)
-        return found if isinstance(found, dict) else None
-    except (IOError, OSError, ValueError):
-        return None
+def _baseline(path):
+    """The baseline kept at path, or None."""
+    found = _files.read_json(path)
+    return found if isinstance(found, dict) else None
 
 
-def throughput_now(result, venv):
+def _comparable(base, now):
+    """Whether a baseline was taken by the same step on the same device as now."""
+    return bool(base) and (base.get('device'), base.get('step')) == (now['device'], now['step'])
+
+
+def throughput_now(result):
     """What the training step measured, with what it ran on: {tokens_per_s (the slowest device's), step, device,
     torch_version, driver_version, venv (the venv's real path)}, or None where it did not run."""
     ran = [c for c in result.get('checks') or [] if c.get('name') == 'train_step' and c.get('status') == 'ok']
@@ -651,14 +656,13 @@ def throughput(result, path, drop=None):
     """The training step against the container's baseline at path (its first good result: record_baseline writes
     it): result['throughput'] {tokens_per_s, baseline, ratio}, and a failure where it fell more than drop (0.15) below
     it that names the drop and what changed since. A baseline of another device or step is not compared."""
-    now = throughput_now(result, result['venv'])
+    now = throughput_now(result)
     if now is None:
         return
     drop = 0.15 if drop is None else drop
-    base = _read_json(path)
+    base = _baseline(path)
     result['throughput'] = {'tokens_per_s': now['tokens_per_s'], 'baseline': base, 'ratio': None}
-    same = base and (base.get('device'), base.get('step')) == (now['device'], now['step'])
-    if not same or not base.get('tokens_per_s'):
+    if not _comparable(base, now) or not base.get('tokens_per_s'):
         return
     ratio = now['tokens_per_s'] / float(base['tokens_per_s'])
     result['throughput']['ratio'] = round(ratio, 3)
@@ -678,18 +682,11 @@ def throughput(result, path, drop=None):
 def record_baseline(result, path, now=None):
     """Keep the training step of a passing verification as the container's baseline where it has none (or one of
     another device or step); True where written."""
-    found = throughput_now(result, result['venv'])
-    base = _read_json(path)
-    if found is None or (base and (base.get('device'), base.get('step')) == (found['device'], found['step'])):
+    found = throughput_now(result)
+    if found is None or _comparable(_baseline(path), found):
         return False
     found['recorded_at'] = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now or time.time()))
-    directory = os.path.dirname(path)
-    if directory and not os.path.isdir(directory):
-        os.makedirs(directory, 0o755)
-    temp = path + '.tmp'
-    with open(temp, 'w') as fh:
-        json.dump(found, fh, indent=1, sort_keys=True)
-    os.rename(temp, path)
+    _files.write_json(path, found)
     return True
 
 
@@ -699,7 +696,8 @@ def verify(venv, params, dev_dir='/dev'):
     options = dict((k, params.get(k)) for k in (
         'smoke', 'compile_check', 'compile_backend', 'collective', 'collective_timeout', 'collective_bytes',
         'min_shm_mb_per_gpu', 'shm_dir', 'train_step'))
-    options['self'] = PROBE  # a collective's NCCL ranks run the probe's own code
+    if params.get('collective'):
+        options['self'] = PROBE  # a collective's NCCL ranks run the probe's own code
     probe, problem = run_probe(venv, options, params.get('timeout') or 300)
     result = {'venv': venv, 'failures': [], 'timings': {}}
     failures = result['failures']
@@ -735,7 +733,7 @@ def verify(venv, params, dev_dir='/dev'):
                                  'device': d['index']})
         if params.get('smoke') == 'matmul' and probe.get('cuda_available') and not probe.get('devices'):
             failures.append({'check': 'matmul', 'expected': 'a device to run on', 'actual': 'none'})
-        library_failures(result, venv)
+        check_failures(result, venv)
         collective_findings(result, params.get('min_allreduce_gbps'))
         if params.get('baseline_path'):
             throughput(result, params['baseline_path'], params.get('max_throughput_drop'))
