@@ -28,7 +28,7 @@ METRICS = (
     ('gpus_seen', 'GPUs torch saw in the container.', CONTAINER),
     ('venv_healthy', 'Whether the container\'s venv audit found nothing.', CONTAINER),
     ('check_ok', 'Whether a check of the container\'s verification passed (check: cudnn_conv, cusparselt_24, '
-     'allreduce, shm; one that does not apply there has no sample).', CONTAINER + ('check',)),
+     'allreduce, shm, train_step; one that does not apply there has no sample).', CONTAINER + ('check',)),
     ('allreduce_gbps', 'The algorithm bandwidth of the all_reduce across the container\'s GPUs (gloo between two CPU '
      'processes without one), GB/s as nccl-tests reports it.', CONTAINER),
     ('train_tokens_per_second', 'Tokens per second of the verification\'s short training step (the slowest GPU\'s).',
