@@ -195,8 +195,8 @@ def _row(r):
 
 
 def checks(found):
-    """{check: its status} of a verification's checks (each CUDA library's, the collective's, /dev/shm's, the training step's), the
-    worst of a check's devices: failed over ok over not_applicable."""
+    """{check: its status} of a verification's checks (each CUDA library's, the collective's, /dev/shm's, the
+    training step's), the worst of a check's devices: failed over ok over not_applicable."""
     order = ('not_applicable', 'ok', 'failed')
     out = {}
     for c in found or []:
