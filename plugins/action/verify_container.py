@@ -36,7 +36,8 @@ class ActionModule(ActionBase):
             'check_mode': self._play_context.check_mode,
             'settings': dict((k, args[k]) for k in ('expect', 'require_cuda', 'smoke', 'min_tflops', 'compile_check',
                                                     'compile_backend', 'collective', 'min_allreduce_gbps',
-                                                    'min_shm_mb_per_gpu', 'train_step', 'throughput_baseline',
+                                                    'min_shm_mb_per_gpu', 'min_nofile', 'rdma', 'train_step',
+                                                    'throughput_baseline',
                                                     'max_throughput_drop',
                                                     'audit_mode', 'max_age', 'user'))})
         audit, probe = now['audit'], now['result']
@@ -59,6 +60,7 @@ class ActionModule(ActionBase):
                 min_tflops=args['min_tflops'] or None, compile_check=args['compile_check'],
                 compile_backend=args['compile_backend'], timeout=args['timeout'], collective=args['collective'],
                 min_allreduce_gbps=args['min_allreduce_gbps'] or None, min_shm_mb_per_gpu=args['min_shm_mb_per_gpu'],
+                min_nofile=args['min_nofile'], memlock_unlimited=args['rdma'],
                 train_step=args['train_step'], max_throughput_drop=args['max_throughput_drop'],
                 baseline_path=args['throughput_baseline'] if args['train_step'] and args['throughput_baseline'] else None,
                 user=args['user'] if args['gpus'] and args['user'] else None,

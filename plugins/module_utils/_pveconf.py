@@ -86,6 +86,17 @@ def ours(is_device, targets=(), majors=()):
     return test
 
 
+def slot(entry):
+    """Where a raw line sits that only one line may fill: a mount entry's target, a prlimit's key (LXC keeps the last
+    of each); None for the lines of which a container has many (cgroup rules)."""
+    key, words = entry[0], entry[1].split()
+    if key == 'lxc.mount.entry' and len(words) > 1:
+        return key, words[1].strip('/')
+    if key.startswith('lxc.prlimit.'):
+        return key, None
+    return None
+
+
 def apply(path, entries, check_mode=False, owned=None):
     """(changed, before, after) for making the file's raw lines exactly entries, or with owned (a test of a line,
     see ours) the lines it owns: the others stay as they are, entries follow them."""
@@ -96,7 +107,9 @@ def apply(path, entries, check_mode=False, owned=None):
         raise RawError('raw lxc lines live in {0}, which is not here: run this on a node of the cluster '
                        '(delegate_to the node), with pve_root pointing at its /etc/pve'.format(path))
     found = read(text)
-    kept = [e for e in found if owned is not None and not owned(e)]
+    # a line in the slot of one of entries is replaced by it: the entry's, not a second one beside it
+    taken = set(slot(e) for e in entries) - {None}
+    kept = [e for e in found if owned is not None and not owned(e) and slot(e) not in taken]
     before = [e for e in found if e not in kept]
     if found == kept + list(entries):
         return False, before, before

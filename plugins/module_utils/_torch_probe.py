@@ -16,7 +16,7 @@ import stat
 import subprocess
 import time
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _devnodes, _files, _gpu, _venv
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _devnodes, _files, _gpu, _venv, _venv_python
 
 # Runs with the venv's interpreter; prints one JSON document on its last line. argv[1]: options as JSON.
 PROBE = r'''
@@ -150,8 +150,8 @@ def check(name, run, device=None, not_applicable=None):
         saved = os.dup(2)
         os.dup2(printed.fileno(), 2)
         try:
-            c.update(run() or {})
-            c["status"] = "failed" if c.get("error") else "ok"
+            c.update(run() or {})  # a run that finds it cannot check says why (not applicable)
+            c["status"] = "failed" if c.get("error") else "not_applicable" if c.get("why") else "ok"
         except Exception as e:
             c["status"], c["error"] = "failed", said(e)
         finally:
@@ -314,6 +314,43 @@ def shm(floor):
         "/dev/shm holds {0} MiB, under the {1} MiB asked for {2} GPU(s)".format(size >> 20, floor >> 20, len(devices)))}
 if opts.get("min_shm_mb_per_gpu"):
     check("shm", lambda: shm(opts["min_shm_mb_per_gpu"] * max(1, len(devices)) << 20))
+def device_order():
+    # CUDA numbers the GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID (this process has what the venv's
+    # activate exports): the numbers a job uses must be nvidia-smi's, which go by PCI bus id
+    ids = []
+    for d in devices:
+        p = torch.cuda.get_device_properties(d["index"])
+        if getattr(p, "pci_bus_id", None) is None:
+            return {"error": None, "why": "this torch does not report the devices' PCI bus ids"}
+        ids.append("{0:04x}:{1:02x}:{2:02x}.0".format(getattr(p, "pci_domain_id", 0) or 0, p.pci_bus_id,
+                                                      getattr(p, "pci_device_id", 0) or 0))
+    order = os.environ.get("CUDA_DEVICE_ORDER")
+    return {"bus_ids": ids, "order": order, "error": None if ids == sorted(ids) else (
+        "CUDA numbers the GPUs {0}, not in PCI bus order as nvidia-smi does (CUDA_DEVICE_ORDER is {1})".format(
+            ", ".join(ids), order or "not set"))}
+check("device_order", device_order, None, no_gpu or (
+    None if len(devices) > 1 else "one GPU: there is no order to get wrong"))
+def limits():
+    # the container's ceilings: its init's limits, which LXC sets (lxc.prlimit.*) and which no process in the
+    # container can raise its own above; NCCL over RDMA pins its buffers (memlock), DataLoader's workers pass file
+    # descriptors (nofile)
+    found = {}
+    with open(opts.get("limits_file") or "/proc/1/limits") as fh:
+        for line in fh:
+            m = re.match(r"Max (open files|locked memory)\s+(\S+)\s+(\S+)", line)
+            if m:
+                found["nofile" if m.group(1) == "open files" else "memlock"] = {"soft": m.group(2), "hard": m.group(3)}
+    wrong = []
+    nofile = (found.get("nofile") or {}).get("hard")
+    if opts.get("min_nofile") and nofile != "unlimited" and int(nofile or 0) < opts["min_nofile"]:
+        wrong.append("the container's open files are limited to {0}, under {1}".format(nofile, opts["min_nofile"]))
+    memlock = (found.get("memlock") or {}).get("hard")
+    if opts.get("memlock_unlimited") and memlock != "unlimited":
+        wrong.append("the container's locked memory is limited to {0} bytes where RDMA needs it unlimited".format(
+            memlock))
+    return {"init": found, "error": "; ".join(wrong) or None}
+if opts.get("min_nofile") or opts.get("memlock_unlimited"):
+    check("limits", limits)
 if opts.get("collective"):
     import subprocess
     try:
@@ -390,6 +427,17 @@ ERRNO_WHY = {
 }
 
 
+def job_env(venv):
+    """The environment a job has that sources the venv's activate: this one's, with what the activate script exports
+    of _venv_python.JOB_ENV (and nothing of it where the script does not)."""
+    env = dict((k, v) for k, v in os.environ.items() if k not in dict(_venv_python.JOB_ENV))
+    lacking = dict((os.path.basename(path), names) for path, names, _lines in _venv_python.job_env_missing(venv))
+    env.update((k, v) for k, v in _venv_python.JOB_ENV if (k, v) not in lacking.get('activate', ())
+               and os.path.exists(os.path.join(venv, 'bin', 'activate')))
+    env['PYTHONDONTWRITEBYTECODE'] = '1'
+    return env
+
+
 def run_probe(venv, options, timeout):
     """(probe result dict or None, failure message or None)."""
     python = os.path.join(venv, 'bin', 'python')
@@ -397,7 +445,7 @@ def run_probe(venv, options, timeout):
         return None, '{0} has no bin/python: not a venv'.format(venv)
     try:
         proc = subprocess.run([python, '-c', PROBE, json.dumps(options)], capture_output=True, text=True,
-                              timeout=timeout, check=False, env=dict(os.environ, PYTHONDONTWRITEBYTECODE='1'))
+                              timeout=timeout, check=False, env=job_env(venv))
     except subprocess.TimeoutExpired:
         return None, ('the probe did not finish in {0} s (import torch, CUDA initialisation or the smoke test hung; '
                       'look for a stuck driver or a GPU in a bad state)').format(timeout)
@@ -441,6 +489,8 @@ CHECKS = {'cudnn_conv': 'a cuDNN convolution forward and backward matches the CP
           'cusparselt_24': "a 2:4 sparse matmul through cuSPARSELt matches the dense one",
           'allreduce': "an all_reduce across the container's GPUs (NCCL; gloo on CPU without one) completes right",
           'shm': "/dev/shm as large as the container's GPUs need",
+          'device_order': 'CUDA numbers the GPUs as nvidia-smi does (by PCI bus id)',
+          'limits': "the container's open-file and locked-memory limits as its jobs need",
           'train_step': "a small transformer's training step runs"}
 
 # NCCL_DEBUG=INFO's line for each channel's path between two ranks:
@@ -579,7 +629,16 @@ def audit_into(result, venv):
 
 SHM_WHY = ("NCCL's shared-memory transport between the container's GPUs and DataLoader's workers keep their buffers "
            'in /dev/shm; a small one makes NCCL fall back or fail and workers die with a bus error: give the container '
-           'a larger /dev/shm (a tmpfs mount entry with size= in its config)')
+           "a larger /dev/shm (shm_mb in its fleet entry, which gpufleet writes into its config as a tmpfs mount entry; "
+           'it takes effect when the container starts)')
+# Why the other checks that are no library's call fail, and what to do.
+CHECK_WHY = {
+    'device_order': ("a job that picks GPU 1 (or CUDA_VISIBLE_DEVICES=1) gets another GPU than nvidia-smi's 1: "
+                     "source the venv's activate, which exports CUDA_DEVICE_ORDER=PCI_BUS_ID (a drift run puts it "
+                     'back where it is missing), or set it in the job\'s environment'),
+    'limits': ("LXC sets the container's limits when it starts it (lxc.prlimit.* in its config): nofile and rdma in "
+               'its fleet entry make gpufleet write them; they take effect when the container starts'),
+}
 
 
 def check_failures(result, venv):
@@ -595,6 +654,9 @@ def check_failures(result, venv):
             failure = {'check': c['name'], 'expected': CHECKS.get(c['name'], c['name']), 'actual': c.get('error')}
             if c.get('device') is not None:
                 failure['device'] = c['device']
+            if c['name'] in CHECK_WHY:  # the container's, not the venv's: no audit to read
+                result['failures'].append(dict(failure, why=CHECK_WHY[c['name']]))
+                continue
             found.append((failure, library_why(c.get('error'), c.get('stderr'))))
     if found:
         audit_into(result, venv)
@@ -695,7 +757,7 @@ def verify(venv, params, dev_dir='/dev'):
     started = time.time()
     options = dict((k, params.get(k)) for k in (
         'smoke', 'compile_check', 'compile_backend', 'collective', 'collective_timeout', 'collective_bytes',
-        'min_shm_mb_per_gpu', 'shm_dir', 'train_step'))
+        'min_shm_mb_per_gpu', 'shm_dir', 'train_step', 'min_nofile', 'memlock_unlimited', 'limits_file'))
     if params.get('collective'):
         options['self'] = PROBE  # a collective's NCCL ranks run the probe's own code
     probe, problem = run_probe(venv, options, params.get('timeout') or 300)

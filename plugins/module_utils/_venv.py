@@ -151,12 +151,13 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
           env=None, timeout=600):
     """The venv's audit (see the venv_audit module), in its parts: whether it can start (interpreter: its
     interpreter, pyvenv.cfg, the base Python's version and standard library, one isolated start; activate_findings),
-    the files site-packages runs at start that no RECORD names (startup_files), RECORD integrity
+    the files site-packages runs at start that no RECORD names (startup_files), what its activation scripts set for
+    a job (job_env: _venv_python.JOB_ENV), RECORD integrity
     (broken_distributions), the paths several distributions claim (Collisions), the shared-library closure
     (unresolved_libraries), drift against the lock (lock_drift) and, in full mode, the imports (failed_imports),
     each of imports imported in a fresh interpreter of the venv (with env, within timeout seconds); fast mode reads
     files and starts the interpreter once, importing nothing. Then the plan that repairs it all in place
-    (repair_plan; startup files moved aside into the venv's SET_ASIDE), or, where the venv cannot start, rebuild
+    (repair_plan; startup files moved aside into the venv's SET_ASIDE; JOB_ENV appended), or, where the venv cannot start, rebuild
     (why) and no plan: its installers need its interpreter."""
     check_imports(imports)
     site = _venv_python.site_packages(venv)
@@ -176,6 +177,7 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
     python, starting = _venv_python.interpreter(venv, site)
     starting += _venv_python.activate_findings(venv)
     startup = _venv_python.startup_files(site, owners)
+    job_env = _venv_python.job_env_findings(venv)
     failures = failed_imports(venv, mode, imports, env, timeout) if python['starts'] else []
     plan = repair_plan(venv, dists, broken, drift, locked, owners, installer=installer,
                        install_args=list(install_args), overrides=overrides, uv=uv, winners=collisions.winners,
@@ -184,14 +186,16 @@ def audit(venv, lock=None, mode='fast', installer='uv', install_args=(), overrid
         aside = os.path.join(venv, _venv_python.SET_ASIDE)
         plan = [['mkdir', '-p', aside]] + [['mv', '-f', '--', os.path.join(site, f['path']), aside + '/']
                                            for f in startup] + plan
+    plan += _venv_python.job_env_plan(job_env)
     healthy = not (broken or collisions.found or unresolved or failures or absent or any(drift.values()) or starting
-                   or startup)
+                   or startup or job_env)
     return {'healthy': healthy, 'site_packages': site, 'distributions': len(dists), 'python': python,
             # a venv that cannot start cannot be repaired in place (the installers run its interpreter): it is rebuilt
             'rebuild': '; '.join(f['msg'] for f in starting) or None,
             'findings': {'broken_distributions': broken, 'collisions': collisions.found,
                          'unresolved_libraries': unresolved, 'drift': drift, 'failed_imports': failures,
-                         'missing_requirements': absent, 'interpreter': starting, 'startup_files': startup},
+                         'missing_requirements': absent, 'interpreter': starting, 'startup_files': startup,
+                         'job_env': job_env},
             'overrides': collisions.declared, 'required': collisions.decided, 'shared_files': collisions.shared,
             'optional_libraries': optional, 'plan': [] if starting else plan}
 

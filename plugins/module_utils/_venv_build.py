@@ -274,6 +274,7 @@ def summary(findings):
     parts = [f['msg'] for f in findings.get('interpreter') or ()]
     parts += ['{0} runs at every start and no distribution installed it'.format(f['path'])
               for f in findings.get('startup_files') or ()]
+    parts += [f['msg'] for f in findings.get('job_env') or ()]
     for b in findings['broken_distributions']:
         parts.append('{0} {1} lacks {2} file(s)'.format(b['name'], b['version'], len(b['missing']) + len(b['modified'])))
     by_claimants, ask = {}, {}
@@ -379,6 +380,7 @@ class Store:
             started = time.time()
             run([req.uv, 'venv', '--quiet', '--allow-existing', '--python', req.python, target], env, req.timeout,
                 'uv venv')
+            _venv_python.write_job_env(target)
             py = os.path.join(target, 'bin', 'python')
             for n, text in enumerate(phases(lock_text, req.overrides)):
                 part = os.path.join(target, 'gpufleet-lock-{0}.txt'.format(n))

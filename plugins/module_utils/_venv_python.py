@@ -214,3 +214,50 @@ def activate_findings(venv):
         return [_finding('activate_elsewhere', '{0} activates {1}, not this venv'.format(path, elsewhere[0]),
                          'a repair run rebuilds the venv from its lock beside it')]
     return []
+
+
+# -- what a job gets from activating the venv ---------------------------------------------------
+# CUDA numbers the GPUs fastest first unless CUDA_DEVICE_ORDER says PCI_BUS_ID, the order of nvidia-smi and of the
+# container's /dev/nvidiaN: without it, on a node of mixed GPUs, a job told to use GPU 1 (or CUDA_VISIBLE_DEVICES=1)
+# gets another GPU than the one nvidia-smi calls 1. Each activation script exports it, in its shell's words.
+JOB_ENV = (('CUDA_DEVICE_ORDER', 'PCI_BUS_ID'),)
+ACTIVATE_SYNTAX = (('activate', 'export {0}={1}'), ('activate.fish', 'set -gx {0} {1}'),
+                   ('activate.csh', 'setenv {0} {1}'))
+JOB_ENV_NOTE = '# the GPUs numbered as nvidia-smi numbers them (gpufleet)'
+
+
+def job_env_missing(venv):
+    """[(script path, [(name, value) of JOB_ENV], [the lines that set them])] for the venv's activation scripts that
+    exist and do not set all of JOB_ENV."""
+    out = []
+    for script, syntax in ACTIVATE_SYNTAX:
+        path = os.path.join(venv, 'bin', script)
+        try:
+            with io.open(path, encoding='utf-8', errors='replace') as fh:
+                have = set(line.strip() for line in fh)
+        except (IOError, OSError):
+            continue
+        lacking = [(k, v) for k, v in JOB_ENV if syntax.format(k, v) not in have]
+        if lacking:
+            out.append((path, lacking, [syntax.format(k, v) for k, v in lacking]))
+    return out
+
+
+def job_env_findings(venv):
+    """A finding (job_env) for each activation script that does not set JOB_ENV."""
+    return [dict(_finding('job_env', '{0} does not set {1}: a job that sources it numbers the GPUs otherwise than '
+                          'nvidia-smi'.format(path, ', '.join('{0}={1}'.format(k, v) for k, v in lacking)),
+                          'a repair run appends {0} to it'.format('; '.join(lines))), path=path, lines=lines)
+            for path, lacking, lines in job_env_missing(venv)]
+
+
+def job_env_plan(findings):
+    """The repair steps (argv lists) that append what each job_env finding names to its script."""
+    return [['sh', '-c', 'printf "%s\\n" "$@" >> "$0"', f['path'], JOB_ENV_NOTE] + f['lines'] for f in findings]
+
+
+def write_job_env(venv):
+    """JOB_ENV appended to each of the venv's activation scripts that lacks it (a new venv's, from uv venv)."""
+    for path, _lacking, lines in job_env_missing(venv):
+        with io.open(path, 'a', encoding='utf-8') as fh:
+            fh.write('\n'.join([JOB_ENV_NOTE] + lines) + '\n')

@@ -101,6 +101,16 @@ options:
     description: The check C(shm) - C(/dev/shm) must hold this many MiB per GPU (for one where there is none); 0 skips it.
     type: int
     default: 0
+  min_nofile:
+    description:
+      - The check C(limits) - the container's open files (the hard limit of its init, which LXC sets and no process in
+        the container can raise its own above) must be at least this many; 0 skips it.
+    type: int
+    default: 0
+  memlock_unlimited:
+    description: The check C(limits) - the container's locked memory must be unlimited (what NCCL over RDMA needs).
+    type: bool
+    default: false
   compile_backend:
     description: The C(torch.compile) backend for O(compile_check).
     type: str
@@ -199,7 +209,11 @@ checks:
       (a convolution forward and backward against the CPU's) and C(cusparselt_24) (a 2:4 sparse matmul where the venv
       has cuSPARSELt); with O(collective), C(allreduce) (backend, world, algbw_gbps, busbw_gbps, and with NCCL the
       transports it chose, its warnings and notes on a fall back from peer to peer); with O(min_shm_mb_per_gpu),
-      C(shm) (bytes, floor_bytes); with O(train_step), C(train_step) (tokens_per_s, step).
+      C(shm) (bytes, floor_bytes); with O(train_step), C(train_step) (tokens_per_s, step); C(device_order)
+      (bus_ids, order - the GPUs as CUDA numbers them, with the C(CUDA_DEVICE_ORDER) the venv's activate exports,
+      must be in PCI bus order, as C(nvidia-smi) numbers them; not applicable with fewer than two); with
+      O(min_nofile) or O(memlock_unlimited), C(limits) (init - the soft and hard C(nofile) and C(memlock) of the
+      container's init).
     - Each has name, device, status (ok, failed or not_applicable), why (when not applicable), error, what the library
       printed on stderr during it, rel_error and seconds; a failed one is also a failure with why.
   returned: when torch imports
@@ -252,6 +266,7 @@ def main():
         collective=dict(type='bool', default=False), collective_timeout=dict(type='int', default=60),
         collective_bytes=dict(type='int'), min_allreduce_gbps=dict(type='float'),
         min_shm_mb_per_gpu=dict(type='int', default=0), train_step=dict(type='bool', default=False),
+        min_nofile=dict(type='int', default=0), memlock_unlimited=dict(type='bool', default=False),
         baseline_path=dict(type='path'), max_throughput_drop=dict(type='float', default=0.15),
         dev_dir=dict(type='path', default='/dev'), timeout=dict(type='int', default=300),
         record_fingerprint=dict(type='str'), user=dict(type='str')),

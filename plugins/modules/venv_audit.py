@@ -129,7 +129,10 @@ findings:
       C(failed_imports) (module, message, and library, the shared library the loader could not open or null; only in
       O(mode=full) with O(imports)), C(missing_requirements) (name, requirement, required_by; what C(pip check) calls
       not installed, each distribution that an installed one requires for this venv and that is not installed;
-      without O(lock) only, as with one the lock says what belongs in the venv and C(drift) names what is missing).
+      without O(lock) only, as with one the lock says what belongs in the venv and C(drift) names what is missing),
+      C(interpreter) and C(startup_files) (whether it starts, and what runs at every start), C(job_env) (check, msg,
+      fix, path, lines; an activation script of the venv that does not export C(CUDA_DEVICE_ORDER=PCI_BUS_ID), so
+      that a job numbers the GPUs as C(nvidia-smi) does; the repair appends the lines).
   returned: always
   type: dict
 overrides:

@@ -100,6 +100,14 @@ options:
     description: C(/dev/shm) must hold this many MiB per GPU of the container (for one without any); 0 skips the check.
     type: int
     default: 256
+  min_nofile:
+    description: The container's open-file limit (its init's hard limit) must be at least this; 0 skips the check.
+    type: int
+    default: 65536
+  rdma:
+    description: The container's fleet entry asks for RDMA - its locked memory must be unlimited.
+    type: bool
+    default: false
   compile_backend:
     description: The backend of the compile check.
     type: str
@@ -229,6 +237,8 @@ ARGUMENT_SPEC = {
     'collective': {'type': 'bool', 'default': True},
     'min_allreduce_gbps': {'type': 'float', 'default': 0},
     'min_shm_mb_per_gpu': {'type': 'int', 'default': 256},
+    'min_nofile': {'type': 'int', 'default': 65536},
+    'rdma': {'type': 'bool', 'default': False},
     'train_step': {'type': 'bool', 'default': True},
     'throughput_baseline': {'type': 'str', 'default': '/var/lib/gpufleet/throughput-baseline.json'},
     'max_throughput_drop': {'type': 'float', 'default': 0.15},

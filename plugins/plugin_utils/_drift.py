@@ -215,6 +215,8 @@ def container(driver=None, build=None, report=None):
         runs = '; '.join(f.get('lines') or []) or f['kind']
         items.append(_item('venv', 'startup_file', '{0} in site-packages runs at every start ({1}) and no distribution '
                            'installed it: a repair moves it aside'.format(f['path'], runs)))
+    for f in findings.get('job_env') or []:
+        items.append(_item('venv', 'job_env', f['msg'], fix=f['fix']))
     for b in findings.get('broken_distributions') or []:
         items.append(_item('venv', 'broken_distribution', '{0} {1}: {2} file(s) missing, {3} changed'.format(
             b['name'], b['version'], len(b['missing']), len(b['modified'])), files=b['missing'] + b['modified']))

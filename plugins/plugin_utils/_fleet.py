@@ -18,7 +18,8 @@ from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _profile
 # Device nodes every GPU container gets besides its /dev/nvidiaN.
 ENTRY_KEYS = ('vmid', 'hostname', 'node', 'gpus', 'cores', 'memory', 'swap', 'rootfs', 'net', 'template',
               'storage', 'unprivileged', 'features', 'tags', 'description', 'onboot', 'mounts', 'devices',
-              'state', 'venv_profile', 'nameserver', 'searchdomain', 'gpu_mode', 'gpu_gid', 'restart_on_pending')
+              'state', 'venv_profile', 'nameserver', 'searchdomain', 'gpu_mode', 'gpu_gid', 'restart_on_pending',
+              'shm_mb', 'nofile', 'rdma')
 # Checked against PVE's schema here (the rest after the expansion, by lxc_container's own check).
 INT_KEYS = ('cores', 'memory', 'swap')
 # devN arrived in pve-container 5.0.7, shipped with PVE 8.1.
@@ -163,6 +164,14 @@ def _net(key, value):
     return None
 
 
+def _at_least(least, what):
+    def check(key, value):
+        if value is None or _whole(value) and value >= least:
+            return None
+        return 'must be {0} (a whole number, {1} or more), got {2!r}'.format(what, least, value)
+    return check
+
+
 def _rootfs(key, value):
     if value is None or isinstance(value, int) and value > 0 or isinstance(value, str):
         return None
@@ -184,7 +193,9 @@ ENTRY_CHECKS = (('vmid', _vmid), ('hostname', _hostname), ('node', _node),
                 ('cores', _whole_number), ('memory', _whole_number), ('swap', _whole_number),
                 ('devices', _devices), ('features', _list), ('tags', _list), ('unprivileged', _bool),
                 ('onboot', _bool), ('restart_on_pending', _bool), ('nameserver', _words), ('searchdomain', _words), ('net', _net),
-                ('rootfs', _rootfs), ('gpus', _gpus), ('gpu_mode', _gpu_mode), ('gpu_gid', _gpu_gid))
+                ('rootfs', _rootfs), ('gpus', _gpus), ('gpu_mode', _gpu_mode), ('gpu_gid', _gpu_gid),
+                ('shm_mb', _at_least(1, "the size of the container's /dev/shm in MiB")),
+                ('nofile', _at_least(1024, "the container's open-file limit")), ('rdma', _bool))
 
 
 def _devn_problem(pve, is_root_password, passthrough, node=None):
@@ -294,6 +305,23 @@ def raw_lines(devices, majors, vendor=None):
         if major is not None and minor is not None:
             lines.append('lxc.cgroup2.devices.allow: c {0}:{1} rw'.format(major, minor))
         lines.append('lxc.mount.entry: {0} dev/{1} none bind,optional,create=file'.format(path, name))
+    return lines
+
+
+def job_lines(entry):
+    """The raw lines of what the entry asks of the container for its training jobs (written as LXC takes them, set
+    when LXC starts the container): shm_mb, the size of its /dev/shm, mounted as PVE mounts it for a container
+    without an init of its own (pve-container src/PVE/LXC.pm update_lxc_config: "lxc.mount.entry = shm dev/shm
+    tmpfs rw,nosuid,nodev,create=dir 0 0"; systemd, finding /dev/shm mounted, leaves it); nofile, the open-file
+    limit of its init and so of every process in it, and rdma, locked memory unlimited, as NCCL over InfiniBand or
+    RoCE pins its buffers (lxc.prlimit.*, which pve-container LXC/Config.pm is_valid_lxc_conf_key allows)."""
+    lines = []
+    if entry.get('shm_mb'):
+        lines.append('lxc.mount.entry: shm dev/shm tmpfs rw,nosuid,nodev,size={0}m,create=dir 0 0'.format(entry['shm_mb']))
+    if entry.get('nofile'):
+        lines.append('lxc.prlimit.nofile: {0}'.format(entry['nofile']))
+    if entry.get('rdma'):
+        lines.append('lxc.prlimit.memlock: unlimited')
     return lines
 
 
@@ -563,7 +591,7 @@ class Fleet(object):
 
     def raw(self, modes='raw'):
         """{node: {vmid: [raw lxc lines]}} of every container planned to exist: the node paths bound into it
-        (node_mounts), and its GPUs' device nodes where its node is passed through raw (PVE before 8.1, without
+        (node_mounts), what its entry asks for its jobs (job_lines), and its GPUs' device nodes where its node is passed through raw (PVE before 8.1, without
         devN; modes: one for every node, or {node: mode}). An empty list takes the collection's lines away."""
         out = {}
         for entry in self.planned():
@@ -575,7 +603,8 @@ class Fleet(object):
                 devices = gpu_nodes(entry, self.gpus.get(entry['node']), minors=node.get('minors'),
                                     vendor=node.get('vendor'))
                 lines = raw_lines(devices, node.get('majors') or {}, node.get('vendor'))
-            out.setdefault(entry['node'], {})[entry['vmid']] = lines + [mount_line(m) for m in self.node_mounts(entry)]
+            out.setdefault(entry['node'], {})[entry['vmid']] = (lines + [mount_line(m) for m in self.node_mounts(entry)]
+                                                                + job_lines(entry))
         return out
 
     def snapshots(self, wanted, storages=None):

@@ -58,7 +58,8 @@ def state(facts):
                           bool(settings.get('compile_check')), settings.get('compile_backend'), settings.get('user'),
                           bool(settings.get('collective')), float(settings.get('min_allreduce_gbps') or 0),
                           int(settings.get('min_shm_mb_per_gpu') or 0), bool(settings.get('train_step')),
-                          settings.get('throughput_baseline'), float(settings.get('max_throughput_drop') or 0)]}
+                          settings.get('throughput_baseline'), float(settings.get('max_throughput_drop') or 0),
+                          int(settings.get('min_nofile') or 0), bool(settings.get('rdma'))]}
     fingerprint = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode('utf-8')).hexdigest()
     record, max_age = built.get('verified'), int(settings.get('max_age') or 0)
     reuse = bool(max_age > 0 and isinstance(record, dict) and audited and built_audit.get('healthy')
@@ -133,12 +134,12 @@ def problems(audit, result):
 
 
 def audit_count(findings):
-    """How many findings a venv audit has (whether it starts, its startup files, broken distributions, collisions,
-    unresolved libraries, drift)."""
+    """How many findings a venv audit has (whether it starts, its startup files, what its activation sets for a job,
+    broken distributions, collisions, unresolved libraries, drift)."""
     findings = findings or {}
     drift = findings.get('drift') or {}
     kinds = ('broken_distributions', 'collisions', 'unresolved_libraries', 'failed_imports', 'missing_requirements',
-             'interpreter', 'startup_files')
+             'interpreter', 'startup_files', 'job_env')
     return sum(len(findings.get(k) or []) for k in kinds) + sum(len(v) for v in drift.values())
 
 

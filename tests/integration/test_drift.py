@@ -66,6 +66,9 @@ def test_check_reports_every_injected_item_and_changes_nothing_then_a_run_repair
     assert sh(A, '/opt/gpufleet/uv/0.13.9/bin/uv pip uninstall --python /root/venv/bin/python fake-rt-cu13').returncode == 0
     assert flavour() == 'FAILED'
     assert sh(A, INSTALL.format('fake-contaminant==2.0')).returncode == 0
+    # the venv's activate as uv writes it: a job that sources it numbers the GPUs fastest first
+    assert sh(A, "grep -qx 'export CUDA_DEVICE_ORDER=PCI_BUS_ID' /root/venv/bin/activate").returncode == 0
+    assert sh(A, "sed -i '/CUDA_DEVICE_ORDER/d' /root/venv/bin/activate").returncode == 0
     # cores changed through the API, a devN deleted, a container stopped
     pve.ct(A).config.put(cores=2)  # the fleet says 1
     pve.ct(B).config.put(delete='dev0')
@@ -90,6 +93,9 @@ def test_check_reports_every_injected_item_and_changes_nothing_then_a_run_repair
                                    'bytes of fake-contaminant')
     assert ('venv', 'broken_distribution') in a
     assert ('venv', 'extra') in a and ('venv', 'missing_package') in a
+    (order,) = [i for i in report['containers']['drift-a'] if i['item'] == 'job_env']
+    assert order['detail'].endswith('/bin/activate does not set CUDA_DEVICE_ORDER=PCI_BUS_ID: a job that sources it '
+                                    'numbers the GPUs otherwise than nvidia-smi'), order
     cores = [i for i in report['containers']['drift-a'] if i['item'] == 'cores'][0]
     assert (cores['before'], cores['after']) == (2, 1)
     b = [(i['stage'], i['item']) for i in report['containers']['drift-b']]
@@ -104,6 +110,7 @@ def test_check_reports_every_injected_item_and_changes_nothing_then_a_run_repair
     fix = drift(tmp_path, fleet['fleet'])
     assert fix.rc == 0, fix.stdout[-4000:]
     assert flavour() == 'cu13'
+    assert sh(A, '. /root/venv/bin/activate && test "$CUDA_DEVICE_ORDER" = PCI_BUS_ID').returncode == 0
     assert pve.status(B) == 'running' and pve.ct(A).config.get()['cores'] == 1
     config = pve.ct(B).config.get()
     assert 'dev0' in config and 'mp1' not in config and config['mp2'] == '/tmp,mp=/mnt/kept'

@@ -16,7 +16,11 @@ pytestmark = pytest.mark.lab
 
 GPU, CPU_ONLY = 331, 332
 BASELINE = '/var/lib/gpufleet/throughput-baseline.json'
-FLEET = [entry(GPU, 'verify-gpu', [0, 1], memory=2048), entry(CPU_ONLY, 'verify-cpu', [], memory=2048)]
+# what training jobs need of the GPU container, asked in its entry (written into its config, set when LXC starts it)
+# (rdma: true, locked memory unlimited, is not asked: the lab's daemon, which starts its containers, has 8 MiB and no
+# CAP_SYS_RESOURCE to raise it, and LXC refuses to start a container it cannot give its limits)
+FLEET = [entry(GPU, 'verify-gpu', [0, 1], memory=2048, shm_mb=768, nofile=8192),
+         entry(CPU_ONLY, 'verify-cpu', [], memory=2048)]
 
 
 @pytest.fixture(scope='module')
@@ -55,13 +59,21 @@ def test_the_verify_stage_wrote_reports(fleet):
     # what a training job needs beyond import, run for real where the lab can (gloo between two CPU processes of the
     # container, its /dev/shm), and the CUDA libraries' checks said not to apply, and why
     checks = dict((c['name'], c) for c in report['torch']['checks'])
-    assert sorted(checks) == ['allreduce', 'cudnn_conv', 'cusparselt_24', 'shm', 'train_step']
+    assert sorted(checks) == ['allreduce', 'cudnn_conv', 'cusparselt_24', 'device_order', 'limits', 'shm', 'train_step']
+    assert checks['device_order'] == {'name': 'device_order', 'status': 'not_applicable',
+                                      'why': 'no CUDA device: torch is a CPU build'}
+    # the entry's shm_mb, nofile and rdma, as the container's init and /dev/shm have them
+    assert checks['limits']['status'] == 'ok', checks['limits']
+    assert checks['limits']['init']['nofile'] == {'soft': '8192', 'hard': '8192'}
+    assert checks['shm']['bytes'] == 768 << 20
     assert checks['cudnn_conv']['status'] == 'not_applicable' and checks['cudnn_conv']['why'] == \
         'no CUDA device: torch is a CPU build'
     allreduce = checks['allreduce']
     assert allreduce['status'] == 'ok' and allreduce['backend'] == 'gloo' and allreduce['world'] == 2, allreduce
     assert allreduce['algbw_gbps'] > 0 and allreduce['busbw_gbps'] > 0
     assert checks['shm']['status'] == 'ok' and checks['shm']['floor_bytes'] == 256 << 20
+    cpu = dict((c['name'], c) for c in json.loads((fleet['reports'] / 'verify-cpu.json').read_text())['torch']['checks'])
+    assert cpu['limits']['status'] == 'ok' and 'memlock' in cpu['limits']['init'], cpu['limits']
     assert checks['train_step']['status'] == 'ok' and checks['train_step']['tokens_per_s'] > 0
     assert checks['train_step']['step'] == 'fp32 cpu: d=64 layers=2 batch=4 seq=64'
     # the first passing one is the container's baseline, kept outside the venv
@@ -80,7 +92,7 @@ def test_passing_expectations_return_the_facts(fleet, tmp_path, creds):
     assert res['compile_ok'] is True and res['timings']['import_s'] > 0 and 'diagnosis' not in res
     # each CUDA library's check, not applicable to the lab's CPU build, says so and why
     assert res['checks'] == [{'name': name, 'status': 'not_applicable', 'why': 'no CUDA device: torch is a CPU build'}
-                             for name in ('cudnn_conv', 'cusparselt_24')]
+                             for name in ('cudnn_conv', 'cusparselt_24', 'device_order')]
 
 
 def record(vmid):
@@ -235,6 +247,14 @@ def test_a_dev_shm_too_small_and_a_collective_that_cannot_finish_are_findings_wi
         subprocess.run(['pct', 'exec', str(GPU), '--', 'umount', '/dev/shm'], check=True)
     res = verify(tmp_path, creds, GPU, min_shm_mb_per_gpu=256, collective=True)
     assert [c['status'] for c in res['checks'] if c['name'] in ('shm', 'allreduce')] == ['ok', 'ok']
+
+
+def test_container_limits_under_what_jobs_need_are_a_finding_that_names_the_entry_keys(fleet, tmp_path, creds):
+    res = verify(tmp_path, creds, GPU, fail=True, min_nofile=65536, memlock_unlimited=True)
+    (failure,) = [f for f in res['failures'] if f['check'] == 'limits']
+    assert failure['actual'] == ("the container's open files are limited to 8192, under 65536; the container's locked "
+                                 "memory is limited to 8388608 bytes where RDMA needs it unlimited"), failure
+    assert 'nofile and rdma in its fleet entry' in failure['why']
 
 
 def test_a_training_step_far_below_its_baseline_is_a_finding_that_names_the_drop(fleet, tmp_path, creds):

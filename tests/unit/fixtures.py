@@ -45,8 +45,10 @@ def record_hash(data):
 
 
 def make_venv(path):
-    """A real venv of this machine's Python (no pip): (venv, its site-packages)."""
+    """A real venv of this machine's Python (no pip), its activation scripts as venv_build leaves them (with
+    _venv_python.JOB_ENV): (venv, its site-packages)."""
     subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(path)], check=True)
+    _venv_python.write_job_env(str(path))
     return str(path), _venv_python.site_packages(str(path))
 
 

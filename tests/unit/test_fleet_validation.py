@@ -9,7 +9,7 @@ from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _fleet, _v
 NODES = {'gpu01': [0, 1, 2, 3], 'util01': [], 'nogpu': None}
 KNOWN = ('vmid, hostname, node, gpus, cores, memory, swap, rootfs, net, template, storage, unprivileged, features, '
          'tags, description, onboot, mounts, devices, state, venv_profile, nameserver, searchdomain, gpu_mode, gpu_gid, '
-         'restart_on_pending')
+         'restart_on_pending, shm_mb, nofile, rdma')
 
 
 def test_every_key_checked_in_order_unknown_keys_first():

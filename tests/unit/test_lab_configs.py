@@ -88,3 +88,12 @@ def test_containers_with_cores_are_spread_over_the_cpus_as_pvestatd_balances_the
     assert lxcconf.balanced(8, [], [0, 1]) == [0, 1]  # no more CPUs than the node has
     config = {'cores': 1}
     assert 'lxc.cgroup2.cpuset.cpus = 1' in lxcconf.limit_lines(config, True, [1])
+
+
+def test_raw_keys_pve_does_not_pass_on_are_dropped_as_pve_drops_them():
+    assert lxcconf.pve_passes('lxc.prlimit.memlock') and lxcconf.pve_passes('lxc.mount.entry')
+    assert lxcconf.pve_passes('lxc.cgroup2.devices.allow') and lxcconf.pve_passes('lxc.net.0.type')
+    # LXC would take these; PVE warns and starts the container without them
+    assert not lxcconf.pve_passes('lxc.rootfs.options') and not lxcconf.pve_passes('lxc.environment.runtime')
+    assert not lxcconf.pve_passes('lxc.rootfs.path') and not lxcconf.pve_passes('lxc.sysctl.net.core.somaxconn')
+    assert lxcconf.pve_passes('lxc.mount')  # renamed by LXC 3.0: PVE warns and passes it, and LXC refuses it

@@ -196,6 +196,35 @@ def test_the_collections_raw_lines_are_managed_and_the_operators_left_alone(tmp_
     assert 'lxc.prlimit.memlock: unlimited' in conf.read_text()
 
 
+def test_what_an_entry_asks_for_its_jobs_is_raw_lines_that_take_the_place_of_the_operators_own(tmp_path):
+    entry = {'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'gpus': [0, 1], 'shm_mb': 16384, 'nofile': 1048576,
+             'rdma': True}
+    node = {'indexes': [0, 1], 'majors': {'nvidia-uvm': 509}}
+    lines = _fleet.Fleet([entry], {'gpu01': node}).raw('devn')['gpu01'][200]
+    assert lines == ['lxc.mount.entry: shm dev/shm tmpfs rw,nosuid,nodev,size=16384m,create=dir 0 0',
+                     'lxc.prlimit.nofile: 1048576', 'lxc.prlimit.memlock: unlimited']
+    assert _fleet.Fleet([dict(entry, shm_mb=None, nofile=None, rdma=False)], {'gpu01': node}).raw('devn') == {
+        'gpu01': {200: []}}
+    # an operator's own line in the same place (a /dev/shm mount, a prlimit) gives way to the entry's; the others stay
+    conf = tmp_path / '200.conf'
+    conf.write_text('arch: amd64\nlxc.prlimit.memlock: 65536\nlxc.prlimit.stack: unlimited\n'
+                    'lxc.mount.entry: tmpfs dev/shm tmpfs size=64m 0 0\nlxc.mount.entry: /srv/data srv/data none bind 0 0\n')
+    owned = _pveconf.ours(_gpu.any_device_node, [], ['195', '509'])
+    changed, before, _after = _pveconf.apply(str(conf), _pveconf.normalize(lines), owned=owned)
+    assert changed and before == [('lxc.prlimit.memlock', '65536'), ('lxc.mount.entry', 'tmpfs dev/shm tmpfs size=64m 0 0')]
+    assert conf.read_text() == ('arch: amd64\nlxc.prlimit.stack: unlimited\nlxc.mount.entry: /srv/data srv/data none '
+                                'bind 0 0\n' + ''.join(line + '\n' for line in lines))
+    assert _pveconf.apply(str(conf), _pveconf.normalize(lines), owned=owned)[0] is False
+    # bad values are named before anything changes
+    nodes = {'gpu01': [0, 1]}
+    assert _fleet.errors([dict(entry, shm_mb=0, nofile='many', rdma='yes')], nodes, '9.0.3') == [
+        "containers[0] (vmid 200).shm_mb: must be the size of the container's /dev/shm in MiB (a whole number, 1 or "
+        "more), got 0",
+        "containers[0] (vmid 200).nofile: must be the container's open-file limit (a whole number, 1024 or more), "
+        "got 'many'",
+        "containers[0] (vmid 200).rdma: must be true or false, got 'yes'"]
+
+
 def test_a_containers_changed_raw_lines_are_told_and_wait_for_its_restart():
     results = [{'vmid': 200, 'status': 'running', 'changed': False, 'changed_keys': [], 'pending': [],
                 'restart_required': False, 'diff': {'before': {}, 'after': {}}},

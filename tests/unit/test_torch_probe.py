@@ -79,10 +79,16 @@ backends = types.SimpleNamespace(
     cudnn=types.SimpleNamespace(version=lambda: 91900, is_available=lambda: True,
                                 flags=lambda **k: contextlib.nullcontext()),
     cusparselt=types.SimpleNamespace(is_available=lambda: False))
+# STANDIN_GPUS of them (one unless said), numbered as CUDA numbers them: fastest first (the one at bus 0x41 here)
+# unless CUDA_DEVICE_ORDER=PCI_BUS_ID
+import os
+def _props(i):
+    buses = [0x01, 0x41] if os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" else [0x41, 0x01]
+    return types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0, total_memory=85 << 30,
+                                 pci_bus_id=buses[i], pci_device_id=0, pci_domain_id=0)
 cuda = types.SimpleNamespace(
-    is_available=lambda: True, device_count=lambda: 1, get_arch_list=lambda: ["sm_80", "sm_90"],
-    get_device_properties=lambda i: types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0,
-                                                          total_memory=85 << 30),
+    is_available=lambda: True, device_count=lambda: int(os.environ.get("STANDIN_GPUS", "1")),
+    get_arch_list=lambda: ["sm_80", "sm_90"], get_device_properties=_props,
     nccl=types.SimpleNamespace(version=lambda: (2, 28, 9)), synchronize=lambda d=None: None)
 '''
 
@@ -103,9 +109,9 @@ def cuda_venv(tmp_path, cusparselt=True):
 def test_each_library_is_checked_at_its_first_real_call_and_a_failure_says_which_file_is_gone(tmp_path):
     venv = cuda_venv(tmp_path)
     result = _torch_probe.verify(venv, {'expect_torch_version': '2.11.0+cu128', 'timeout': 60}, dev_dir=str(tmp_path))
-    assert [(c['name'], c['device'], c['status']) for c in result['checks']] == [
-        ('cudnn_conv', 0, 'failed'), ('cusparselt_24', 0, 'failed')]
-    assert all(c['seconds'] >= 0 for c in result['checks'])
+    assert [(c['name'], c.get('device'), c['status']) for c in result['checks']] == [
+        ('cudnn_conv', 0, 'failed'), ('cusparselt_24', 0, 'failed'), ('device_order', None, 'not_applicable')]
+    assert all(c['seconds'] >= 0 for c in result['checks'] if c['status'] != 'not_applicable')
     assert result['checks'][0]['stderr'].startswith('Unable to load any of {libcudnn_engines_precompiled.so.9.19.0,')
     assert 'stderr' not in result['checks'][1]
     cudnn, sparse = [f for f in result['failures'] if f['check'] in ('cudnn_conv', 'cusparselt_24')]
@@ -139,7 +145,7 @@ def test_a_cpu_build_reports_the_gpu_library_checks_as_not_applicable(tmp_path):
     result = _torch_probe.verify(venv, {'timeout': 60}, dev_dir=str(tmp_path))
     assert result['checks'] == [
         {'name': name, 'status': 'not_applicable', 'why': 'no CUDA device: torch is a CPU build'}
-        for name in ('cudnn_conv', 'cusparselt_24')]
+        for name in ('cudnn_conv', 'cusparselt_24', 'device_order')]
     assert result['failures'] == []
 
 
@@ -292,3 +298,50 @@ def test_a_baseline_of_other_hardware_is_not_compared_and_is_replaced(tmp_path):
     failed = dict(step_result(tmp_path, 1.0), checks=[{'name': 'train_step', 'status': 'failed', 'error': 'x'}])
     _torch_probe.throughput(failed, base)
     assert 'throughput' not in failed and _torch_probe.record_baseline(failed, base) is False
+
+
+def test_gpus_numbered_otherwise_than_nvidia_smi_fail_unless_the_venvs_activate_orders_them(tmp_path, monkeypatch):
+    venv = cuda_venv(tmp_path)
+    monkeypatch.setenv('STANDIN_GPUS', '2')
+    monkeypatch.setenv('CUDA_DEVICE_ORDER', 'FASTEST_FIRST')  # the controller's own is not the job's
+    result = _torch_probe.verify(venv, {'timeout': 60}, dev_dir=str(tmp_path))
+    (order,) = [c for c in result['checks'] if c['name'] == 'device_order']
+    assert order['status'] == 'ok' and order['order'] == 'PCI_BUS_ID' and order['bus_ids'] == [
+        '0000:01:00.0', '0000:41:00.0']
+    assert 'device_order' not in [f['check'] for f in result['failures']]
+    # an activate without the line: the job gets CUDA's own order, and the check names it
+    with open(os.path.join(venv, 'bin', 'activate'), 'w') as fh:
+        fh.write('VIRTUAL_ENV={0}\nexport VIRTUAL_ENV\n'.format(venv))
+    result = _torch_probe.verify(venv, {'timeout': 60}, dev_dir=str(tmp_path))
+    (failure,) = [f for f in result['failures'] if f['check'] == 'device_order']
+    assert failure['actual'] == ('CUDA numbers the GPUs 0000:41:00.0, 0000:01:00.0, not in PCI bus order as '
+                                 'nvidia-smi does (CUDA_DEVICE_ORDER is not set)')
+    assert 'CUDA_DEVICE_ORDER=PCI_BUS_ID' in failure['why']
+
+
+LIMITS = """Limit                     Soft Limit           Hard Limit           Units
+Max cpu time              unlimited            unlimited            seconds
+Max open files            1024                 {nofile}               files
+Max locked memory         8388608              {memlock}              bytes
+"""
+
+
+def test_container_limits_under_what_its_jobs_need_fail_naming_the_fleet_entry_keys(tmp_path):
+    venv = cuda_venv(tmp_path)
+    limits = tmp_path / 'limits'
+    limits.write_text(LIMITS.format(nofile=4096, memlock=8388608))
+    result = _torch_probe.verify(venv, {'timeout': 60, 'min_nofile': 65536, 'memlock_unlimited': True,
+                                        'limits_file': str(limits)}, dev_dir=str(tmp_path))
+    (check,) = [c for c in result['checks'] if c['name'] == 'limits']
+    assert check['status'] == 'failed' and check['init']['nofile'] == {'soft': '1024', 'hard': '4096'}
+    (failure,) = [f for f in result['failures'] if f['check'] == 'limits']
+    assert failure['actual'] == ("the container's open files are limited to 4096, under 65536; the container's "
+                                 "locked memory is limited to 8388608 bytes where RDMA needs it unlimited")
+    assert 'lxc.prlimit' in failure['why'] and 'rdma' in failure['why']
+    limits.write_text(LIMITS.format(nofile=524288, memlock='unlimited'))
+    result = _torch_probe.verify(venv, {'timeout': 60, 'min_nofile': 65536, 'memlock_unlimited': True,
+                                        'limits_file': str(limits)}, dev_dir=str(tmp_path))
+    assert [c['status'] for c in result['checks'] if c['name'] == 'limits'] == ['ok']
+    # not asked: not checked
+    result = _torch_probe.verify(venv, {'timeout': 60}, dev_dir=str(tmp_path))
+    assert 'limits' not in [c['name'] for c in result['checks']]

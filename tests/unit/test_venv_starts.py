@@ -4,11 +4,12 @@ the startup files no RECORD names, the activate script, the rebuild of a venv th
 build that succeeds and one that fails), and the container's own Python as the probe reports it."""
 
 import os
+import subprocess
 import sys
 
 import pytest
 
-from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv_build, _venv_python
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv, _venv_build, _venv_python
 from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _container_python, _doctor, _drift, _profile
 from fixtures import make_venv
 
@@ -229,3 +230,35 @@ def test_a_template_whose_python_the_profile_is_not_locked_for_is_refused_before
         'containers[1] (vmid 201).venv_profile: the profile /srv/p311 is locked for Python 3.11, but the template '
         'debian-13-standard_13.1-2_amd64.tar.zst brings Python 3.13: add "3.13" to python in /srv/p311/profile.yml, '
         'then: gpufleet profile lock /srv/p311']
+
+
+def test_activation_that_does_not_number_the_gpus_as_nvidia_smi_is_a_finding_its_plan_repairs(tmp_path):
+    venv, _site = make_venv(tmp_path / 'real')
+    for script in ('activate', 'activate.fish', 'activate.csh'):
+        assert os.path.exists(os.path.join(venv, 'bin', script)), script
+    assert _venv_python.job_env_findings(venv) == []
+    # a job that sources the venv's activate gets the order
+    got = subprocess.run(['bash', '-c', '. "$0/bin/activate" && echo "$CUDA_DEVICE_ORDER"', venv],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert got == 'PCI_BUS_ID'
+    # an activate written again by hand (or by an older gpufleet): found, and the audit's plan puts it back
+    for script, text in (('activate', 'VIRTUAL_ENV={0}\nexport VIRTUAL_ENV\n'.format(venv)),
+                         ('activate.fish', 'set -gx VIRTUAL_ENV {0}\n'.format(venv))):
+        with open(os.path.join(venv, 'bin', script), 'w') as fh:
+            fh.write(text)
+    audit = _venv.audit(venv)
+    found = audit['findings']['job_env']
+    assert [(os.path.basename(f['path']), f['lines']) for f in found] == [
+        ('activate', ['export CUDA_DEVICE_ORDER=PCI_BUS_ID']), ('activate.fish', ['set -gx CUDA_DEVICE_ORDER PCI_BUS_ID'])]
+    assert 'CUDA_DEVICE_ORDER=PCI_BUS_ID' in found[0]['msg'] and audit['healthy'] is False
+    assert audit['findings']['interpreter'] == [] and audit['rebuild'] is None  # appended, not rebuilt
+    for argv in audit['plan']:
+        subprocess.run(argv, check=True)
+    after = _venv.audit(venv)
+    assert after['healthy'] is True and after['plan'] == []
+    with open(os.path.join(venv, 'bin', 'activate')) as fh:
+        assert fh.read().startswith('VIRTUAL_ENV={0}\nexport VIRTUAL_ENV\n'.format(venv))  # kept, then the lines
+    # written once: a second write adds nothing
+    _venv_python.write_job_env(venv)
+    with open(os.path.join(venv, 'bin', 'activate.csh')) as fh:
+        assert fh.read().count('setenv CUDA_DEVICE_ORDER PCI_BUS_ID') == 1

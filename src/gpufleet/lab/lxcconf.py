@@ -18,6 +18,38 @@ BASE_DEVICE_RULES = ('c *:* m', 'b *:* m', 'c 1:3 rwm', 'c 1:5 rwm', 'c 1:7 rwm'
                      'c 5:0 rwm', 'c 5:1 rwm', 'c 5:2 rwm', 'c 136:* rwm', 'c 10:229 rwm')
 
 
+# The raw keys PVE passes on to LXC (pve-container src/PVE/LXC/Config.pm is_valid_lxc_conf_key: its list, and every
+# lxc.cgroup2.*, lxc.prlimit.* and lxc.net.* key; lxc.cgroup.*, lxc.limit.* and the keys LXC 3.0 renamed pass with a
+# warning, and LXC itself then refuses the renamed ones). Any other line parse_pct_config warns about and drops when
+# it loads the config: the container starts without it.
+PVE_RAW_KEYS = frozenset((
+    'lxc.apparmor.profile', 'lxc.apparmor.allow_incomplete', 'lxc.apparmor.allow_nesting', 'lxc.apparmor.raw',
+    'lxc.selinux.context', 'lxc.include', 'lxc.arch', 'lxc.uts.name', 'lxc.signal.halt', 'lxc.signal.reboot',
+    'lxc.signal.stop', 'lxc.init.cmd', 'lxc.init.cwd', 'lxc.init.uid', 'lxc.init.gid', 'lxc.init.groups', 'lxc.pty.max',
+    'lxc.console.logfile', 'lxc.console.path', 'lxc.tty.max', 'lxc.devtty.dir', 'lxc.hook.autodev', 'lxc.autodev',
+    'lxc.kmsg', 'lxc.mount.fstab', 'lxc.mount.entry', 'lxc.mount.auto', 'lxc.rootfs.mount', 'lxc.cap.drop',
+    'lxc.cap.keep', 'lxc.seccomp.profile', 'lxc.seccomp.notify.proxy', 'lxc.seccomp.notify.cookie', 'lxc.idmap',
+    'lxc.hook.pre-start', 'lxc.hook.pre-mount', 'lxc.hook.mount', 'lxc.hook.start', 'lxc.hook.stop',
+    'lxc.hook.post-stop', 'lxc.hook.clone', 'lxc.hook.destroy', 'lxc.hook.version', 'lxc.log.level', 'lxc.log.file',
+    'lxc.start.auto', 'lxc.start.delay', 'lxc.start.order', 'lxc.group', 'lxc.environment',
+    'lxc.environment.hooks', 'lxc.sysctl.fs.mqueue', 'lxc.sysctl.kernel.msgmax', 'lxc.sysctl.kernel.msgmnb',
+    'lxc.sysctl.kernel.msgmni', 'lxc.sysctl.kernel.sem', 'lxc.sysctl.kernel.shmall', 'lxc.sysctl.kernel.shmmax',
+    'lxc.sysctl.kernel.shmmni', 'lxc.sysctl.kernel.shm_rmid_forced',
+    # renamed by LXC 3.0 ($deprecated_lxc_conf_keys)
+    'lxc.aa_profile', 'lxc.aa_allow_incomplete', 'lxc.console', 'lxc.devttydir', 'lxc.haltsignal', 'lxc.rebootsignal',
+    'lxc.stopsignal', 'lxc.id_map', 'lxc.init_cmd', 'lxc.loglevel', 'lxc.logfile', 'lxc.mount', 'lxc.network.type',
+    'lxc.network.flags', 'lxc.network.link', 'lxc.network.mtu', 'lxc.network.name', 'lxc.network.hwaddr',
+    'lxc.network.ipv4', 'lxc.network.ipv4.gateway', 'lxc.network.ipv6', 'lxc.network.ipv6.gateway',
+    'lxc.network.script.up', 'lxc.network.script.down', 'lxc.pts', 'lxc.se_context', 'lxc.seccomp', 'lxc.tty',
+    'lxc.utsname'))
+PVE_RAW_PREFIXES = ('lxc.cgroup2.', 'lxc.cgroup.', 'lxc.prlimit.', 'lxc.limit.', 'lxc.net.')
+
+
+def pve_passes(key):
+    """Whether PVE passes a raw key of the config on to LXC (see PVE_RAW_KEYS)."""
+    return key in PVE_RAW_KEYS or key.startswith(PVE_RAW_PREFIXES)
+
+
 class ConfigError(Exception):
     """The PVE config cannot be made into a container on this node."""
 
@@ -131,6 +163,8 @@ def render(vmid, config, lab, cgroup_v2, rootfs_lower, passthrough, cpus=None):
         lines.append('lxc.mount.entry = {0} {1} none bind,create=file 0 0'.format(passthrough[key], target))
         lines.append('{0}devices.allow = {1} {2}:{3} {4}'.format(prefix, kind, major, minor, access))
     for key, value in config.get('lxc', []) or []:
+        if not pve_passes(key):
+            continue
         key, value = translate_raw(key, value, cgroup_v2)
         source = value.split(' ', 1)[0]
         if key == 'lxc.mount.entry' and source.startswith('/dev/'):
