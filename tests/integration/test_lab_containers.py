@@ -263,6 +263,21 @@ def test_unprivileged_maps_ids_and_privileged_does_not(lab, pve):
     assert host_uid(947) == '0'
 
 
+def test_a_containers_root_file_system_renames_directories_and_apt_installs_into_it(lab, pve, node_ssh):
+    """PVE's rootfs is a real file system, where dpkg renames what it replaces; the lab's overlay must be one too."""
+    rename = ("import os; os.rename('/usr/share/doc/bash', '/usr/share/doc/bash.moved'); "
+              "os.rename('/usr/share/doc/bash.moved', '/usr/share/doc/bash'); print(os.listdir('/usr/share/doc/bash'))")
+    for vmid, unprivileged in ((948, 1), (949, 0)):
+        pve.create(vmid, unprivileged=unprivileged)
+        pve.start(vmid)
+        moved = pct(node_ssh, 'exec {0} -- python3 -c "{1}"'.format(vmid, rename))
+        assert moved.returncode == 0 and 'copyright' in moved.stdout, (vmid, moved.stderr)
+        apt = pct(node_ssh, "exec {0} -- sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install "
+                            "-y -qq --no-install-recommends tree && apt-get install -y -qq --reinstall bash && "
+                            "tree --version'".format(vmid))
+        assert apt.returncode == 0 and 'tree v' in apt.stdout, (vmid, apt.stdout[-2000:] + apt.stderr[-2000:])
+
+
 def test_api_state_survives_a_daemon_restart(lab, pve, control):
     pve.create(948, cores=2)
     pve.start(948)

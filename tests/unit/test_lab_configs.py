@@ -33,8 +33,10 @@ def test_render_unprivileged_with_devices(tmp_path):
     lab = Lab(root=str(tmp_path / 'lab'), cache=str(tmp_path / 'cache'), dev_dir=str(dev), bridge='lo')
     config = {'hostname': 'gpu-a', 'unprivileged': 1, 'memory': 2048, 'cores': 1,
               'dev0': 'path=/dev/nvidia3,deny-write=1', 'lxc': [['lxc.cgroup2.devices.allow', 'c 10:200 rwm']]}
-    text = lxcconf.render(120, config, lab, False, '/base', {'dev0': '/pt/dev/nvidia3'})
+    text = lxcconf.render(120, config, lab, False, '/lab/lxc/120/rootfs', {'dev0': '/pt/dev/nvidia3'})
     lines = text.splitlines()
+    # the overlay the lab mounted, given to LXC as a directory (no overlay of LXC's own, no userxattr)
+    assert 'lxc.rootfs.path = dir:/lab/lxc/120/rootfs' in lines and not any('rootfs.options' in x for x in lines)
     assert 'lxc.include = /usr/share/lxc/config/userns.conf' in lines
     assert 'lxc.idmap = u 0 100000 65536' in lines
     assert 'lxc.uts.name = gpu-a' in lines
@@ -44,7 +46,7 @@ def test_render_unprivileged_with_devices(tmp_path):
     assert 'lxc.mount.entry = /pt/dev/nvidia3 dev/nvidia3 none bind,create=file 0 0' in lines
     assert 'lxc.cgroup.devices.allow = c 195:3 r' in lines
     assert lines[-1] == 'lxc.cgroup.devices.allow = c 10:200 rwm'
-    v2 = lxcconf.render(120, config, lab, True, '/base', {'dev0': '/pt/dev/nvidia3'})
+    v2 = lxcconf.render(120, config, lab, True, '/lab/lxc/120/rootfs', {'dev0': '/pt/dev/nvidia3'})
     assert 'lxc.cgroup2.devices.allow = c 195:3 r' in v2.splitlines()
     assert 'lxc.cgroup2.memory.max = 2147483648' in v2.splitlines()
 

@@ -141,15 +141,43 @@ class Containers:
         except OSError:
             return 'bookworm'
 
+    # -- the root file system -------------------------------------------------
+    # PVE's rootfs is a volume of the container's storage, a real file system (an LVM-thin ext4, a ZFS subvolume, a
+    # directory), where anything can be renamed: dpkg renames the directories it replaces. The lab's is an overlay of
+    # its release's base (delta0 its upper layer, the volume its snapshots keep), mounted here by the host's root with
+    # redirect_dir=on, so that a directory of the base is renamed as on a real file system: mounted by LXC in an
+    # unprivileged container's user namespace, an overlay can only keep its own xattrs in user.* (userxattr), which
+    # allows no redirect_dir, and dpkg failed with EXDEV ("Invalid cross-device link"). LXC is given the directory.
+    def rootfs(self, vmid):
+        return os.path.join(self.lab.ct_dir(vmid), 'rootfs')
+
+    def mount_rootfs(self, vmid, lower):
+        """The container's overlay (lower: its release's base) mounted at rootfs(vmid), where it is not yet."""
+        target = self.rootfs(vmid)
+        if os.path.ismount(target):
+            return target
+        d = self.lab.ct_dir(vmid)
+        os.makedirs(target, exist_ok=True)
+        run(['mount', '-t', 'overlay', 'overlay', '-o', 'lowerdir={0},upperdir={1},workdir={2},redirect_dir=on'.format(
+            lower, os.path.join(d, 'delta0'), os.path.join(d, 'work')), target])
+        return target
+
+    def unmount_rootfs(self, vmid):
+        """The container's overlay unmounted (its layers are then only files: written, copied or removed)."""
+        target = self.rootfs(vmid)
+        if os.path.ismount(target) and run(['umount', target], check=False).returncode != 0:
+            run(['umount', '-l', target])
+
     def start(self, vmid, config):
         d = self.lab.ct_dir(vmid)
         lower = self.lab.base_rootfs_of(self.release(vmid), self.unprivileged(config))
+        self.unmount_rootfs(vmid)  # (a container that stopped itself) its network files go into the upper layer
         try:
             passthrough = self._passthrough(vmid, config, lxcconf.devices(config), fresh=True)
-            text = lxcconf.render(vmid, config, self.lab, self.cgroup_v2, lower, passthrough,
-                                  self.balanced_cpus(vmid, config))
             for path, body in lxcconf.network_files(config).items():
                 self._write_rootfs(vmid, config, lower, path, body)
+            text = lxcconf.render(vmid, config, self.lab, self.cgroup_v2, self.mount_rootfs(vmid, lower), passthrough,
+                                  self.balanced_cpus(vmid, config))
         except lxcconf.ConfigError as e:
             raise BackendError(str(e)) from None
         with open(os.path.join(d, 'config'), 'w') as fh:
@@ -172,12 +200,15 @@ class Containers:
         if self.state(vmid) == 'running':
             self._lxc('stop', vmid, '-k', check=False)
             self._lxc('wait', vmid, '-s', 'STOPPED', '-t', '15', check=False)
+        if self.state(vmid) != 'running':
+            self.unmount_rootfs(vmid)
 
     def destroy(self, vmid):
         d = self.lab.ct_dir(vmid)
         if not os.path.isdir(d):
             return
         self.stop(vmid)
+        self.unmount_rootfs(vmid)
         shutil.rmtree(d)
 
     # -- snapshots ------------------------------------------------------------

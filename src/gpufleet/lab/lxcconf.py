@@ -124,8 +124,8 @@ def device_node(props, dev_dir='/dev'):
     return kind, os.major(st.st_rdev), os.minor(st.st_rdev), mode
 
 
-def render(vmid, config, lab, cgroup_v2, rootfs_lower, passthrough, cpus=None):
-    """The LXC config text for a container.
+def render(vmid, config, lab, cgroup_v2, rootfs, passthrough, cpus=None):
+    """The LXC config text for a container whose root file system is mounted at rootfs (Containers.mount_rootfs).
 
     passthrough: {devN key: host path of the node the lab made for it}. cpus: the CPUs a container with cores runs
     on (Containers.balanced_cpus); without, its first cores CPUs.
@@ -140,13 +140,7 @@ def render(vmid, config, lab, cgroup_v2, rootfs_lower, passthrough, cpus=None):
                   'lxc.idmap = g 0 {0} {1}'.format(UNPRIV_BASE, UNPRIV_RANGE)]
     lines += ['lxc.arch = amd64',
               'lxc.uts.name = {0}'.format(config.get('hostname') or 'CT{0}'.format(vmid)),
-              'lxc.rootfs.path = overlay:{0}:{1}'.format(rootfs_lower, os.path.join(ct_dir, 'delta0')),
-              # An unprivileged container's overlay is mounted in its user namespace, where the kernel cannot set the
-              # trusted.overlay.* xattrs of whiteouts and opaque directories: without userxattr (user.overlay.*),
-              # removing a directory of the base fails with EIO, and dpkg with it (a package's prerm removing its
-              # __pycache__). PVE's rootfs is a real filesystem; what this layer still cannot do (rename a directory
-              # of the base: EXDEV, as userxattr allows no redirect_dir) is said in docs/lab.md.
-              ] + (['lxc.rootfs.options = userxattr'] if unpriv else []) + [
+              'lxc.rootfs.path = dir:{0}'.format(rootfs),
               'lxc.console.logfile = {0}'.format(os.path.join(ct_dir, 'console.log')),
               'lxc.signal.halt = SIGRTMIN+3',
               'lxc.apparmor.profile = unconfined']
