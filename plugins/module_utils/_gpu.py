@@ -74,6 +74,9 @@ class Vendor(object):
         """The vendor's device node paths under dev_dir (in a container: those it was given)."""
         raise NotImplementedError
 
+    # -- an OCI engine in a container (_cdi) ---------------------------------------------------------------------
+    cdi_kind = None  # the kind of the vendor's GPUs in a CDI spec (vendor.com/class)
+
 
 class Nvidia(Vendor):
     """NVIDIA: character major 195 and nvidia-uvm's dynamic one (_nvidia_devices), discovery from /dev, /proc and
@@ -87,6 +90,7 @@ class Nvidia(Vendor):
     required_nodes = _nvidia_devices.REQUIRED_CONTROL
     gpu_node = _nvidia_devices.GPU_NODE
     device_node = _nvidia_devices.DEVICE_NODE
+    cdi_kind = 'nvidia.com/gpu'  # as NVIDIA's container toolkit names them: podman run --device nvidia.com/gpu=all
 
     def discover_node(self, params, check=False):
         return _nvidia.discover_node(params, check)

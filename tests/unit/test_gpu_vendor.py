@@ -73,6 +73,7 @@ class Toy(_gpu.Vendor):
     required_nodes = ('kfd',)
     gpu_node = re.compile(r'^/dev/dri/renderD(\d+)$')
     device_node = re.compile(r'^/dev/(kfd|dri/)')
+    cdi_kind = 'amd.com/gpu'
 
     def discover_node(self, params, check=False):
         return {'changed': False, 'ansible_facts': {'gpufleet_gpu_devices': {}}}
