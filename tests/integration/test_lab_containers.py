@@ -278,6 +278,21 @@ def test_a_containers_root_file_system_renames_directories_and_apt_installs_into
         assert apt.returncode == 0 and 'tree v' in apt.stdout, (vmid, apt.stdout[-2000:] + apt.stderr[-2000:])
 
 
+KEYCTL = ('import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); '
+          'r = libc.syscall(250, 0, -3, 0); print(os.strerror(ctypes.get_errno()) if r < 0 else "ok")')
+
+
+def test_keyctl_fails_in_an_unprivileged_container_unless_its_features_allow_it(lab, pve, node_ssh):
+    """pve-container's seccomp rules (LXC.pm make_seccomp_config): keyctl is ENOSYS without keyctl=1."""
+    pve.create(950)
+    pve.create(951, features='nesting=1,keyctl=1')
+    for vmid in (950, 951):
+        pve.start(vmid)
+    said = dict((vmid, pct(node_ssh, "exec {0} -- python3 -c '{1}'".format(vmid, KEYCTL)).stdout.strip())
+                for vmid in (950, 951))
+    assert said[950] == 'Function not implemented' and said[951] != 'Function not implemented', said
+
+
 def test_api_state_survives_a_daemon_restart(lab, pve, control):
     pve.create(948, cores=2)
     pve.start(948)

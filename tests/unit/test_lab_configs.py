@@ -99,3 +99,12 @@ def test_raw_keys_pve_does_not_pass_on_are_dropped_as_pve_drops_them():
     assert not lxcconf.pve_passes('lxc.rootfs.options') and not lxcconf.pve_passes('lxc.environment.runtime')
     assert not lxcconf.pve_passes('lxc.rootfs.path') and not lxcconf.pve_passes('lxc.sysctl.net.core.somaxconn')
     assert lxcconf.pve_passes('lxc.mount')  # renamed by LXC 3.0: PVE warns and passes it, and LXC refuses it
+
+
+def test_an_unprivileged_container_gets_pves_seccomp_rules_keyctl_only_with_its_feature():
+    assert lxcconf.seccomp_rules({'unprivileged': 1}) == (
+        'ioctl errno 1 [1,0x9400,SCMP_CMP_MASKED_EQ,0xff00]\nkeyctl errno 38\nsocket errno 97 [0,38,SCMP_CMP_EQ]\n')
+    assert 'keyctl' not in lxcconf.seccomp_rules({'unprivileged': 1, 'features': 'nesting=1,keyctl=1'})
+    assert 'keyctl' in lxcconf.seccomp_rules({'unprivileged': 1, 'features': 'nesting=1'})
+    assert lxcconf.seccomp_rules({'unprivileged': 0, 'features': 'keyctl=1'}) is None
+    assert lxcconf.seccomp_rules({'unprivileged': 1, 'lxc': [['lxc.seccomp.profile', '/x']]}) is None

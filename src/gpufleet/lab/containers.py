@@ -178,6 +178,12 @@ class Containers:
                 self._write_rootfs(vmid, config, lower, path, body)
             text = lxcconf.render(vmid, config, self.lab, self.cgroup_v2, self.mount_rootfs(vmid, lower), passthrough,
                                   self.balanced_cpus(vmid, config))
+            rules = lxcconf.seccomp_rules(config)
+            if rules is not None:
+                with open(lxcconf.COMMON_SECCOMP) as fh:
+                    common = fh.read()
+                with open(os.path.join(d, 'rules.seccomp'), 'w') as fh:
+                    fh.write(common.rstrip('\n') + '\n' + rules)
         except lxcconf.ConfigError as e:
             raise BackendError(str(e)) from None
         with open(os.path.join(d, 'config'), 'w') as fh:

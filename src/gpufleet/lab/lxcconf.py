@@ -124,6 +124,23 @@ def device_node(props, dev_dir='/dev'):
     return kind, os.major(st.st_rdev), os.minor(st.st_rdev), mode
 
 
+# LXC's own seccomp profile (common.conf's), which PVE's rules for an unprivileged container extend.
+COMMON_SECCOMP = '/usr/share/lxc/config/common.seccomp'
+
+
+def seccomp_rules(config):
+    """The seccomp rules PVE appends to COMMON_SECCOMP for an unprivileged container (pve-container src/PVE/LXC.pm
+    make_seccomp_config): keyctl fails with ENOSYS (errno 38) unless its features have keyctl=1 (the feature Docker
+    and Podman need there), btrfs ioctls with EPERM, AF_ALG sockets with EAFNOSUPPORT. None for a privileged
+    container (LXC's own profile) or one whose raw lines name a profile of its own (which takes precedence)."""
+    if str(config.get('unprivileged', '0')) != '1' or any(k == 'lxc.seccomp.profile' for k, _v in config.get('lxc') or []):
+        return None
+    rules = {'ioctl': ['errno 1 [1,0x9400,SCMP_CMP_MASKED_EQ,0xff00]'], 'socket': ['errno 97 [0,38,SCMP_CMP_EQ]']}
+    if split_props(config.get('features') or '').get('keyctl') != '1':
+        rules['keyctl'] = ['errno 38']
+    return ''.join('{0} {1}\n'.format(name, rule) for name in sorted(rules) for rule in rules[name])
+
+
 def render(vmid, config, lab, cgroup_v2, rootfs, passthrough, cpus=None):
     """The LXC config text for a container whose root file system is mounted at rootfs (Containers.mount_rootfs).
 
@@ -144,6 +161,8 @@ def render(vmid, config, lab, cgroup_v2, rootfs, passthrough, cpus=None):
               'lxc.console.logfile = {0}'.format(os.path.join(ct_dir, 'console.log')),
               'lxc.signal.halt = SIGRTMIN+3',
               'lxc.apparmor.profile = unconfined']
+    if seccomp_rules(config) is not None:  # Containers.start writes it
+        lines.append('lxc.seccomp.profile = {0}'.format(os.path.join(ct_dir, 'rules.seccomp')))
     prefix = 'lxc.cgroup2.' if cgroup_v2 else 'lxc.cgroup.'
     lines.append(prefix + 'devices.deny = a')
     lines += [prefix + 'devices.allow = ' + rule for rule in BASE_DEVICE_RULES]
