@@ -19,9 +19,16 @@ from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _profile
 ENTRY_KEYS = ('vmid', 'hostname', 'node', 'gpus', 'cores', 'memory', 'swap', 'rootfs', 'net', 'template',
               'storage', 'unprivileged', 'features', 'tags', 'description', 'onboot', 'mounts', 'devices',
               'state', 'venv_profile', 'nameserver', 'searchdomain', 'gpu_mode', 'gpu_gid', 'restart_on_pending',
-              'shm_mb', 'nofile', 'rdma')
+              'shm_mb', 'nofile', 'rdma', 'engine')
 # Checked against PVE's schema here (the rest after the expansion, by lxc_container's own check).
 INT_KEYS = ('cores', 'memory', 'swap')
+# The OCI engines a container may ask for, each from the container's own distribution's packages.
+ENGINES = ('podman',)
+# What an engine needs of its container: nesting (its own proc and sys mounts, user namespaces) and, in an unprivileged
+# container, keyctl, which PVE's seccomp rules otherwise make fail with ENOSYS (pve-container src/PVE/LXC.pm
+# make_seccomp_config). PVE lets only root@pam change a feature other than nesting, and any feature of a privileged
+# container (LXC.pm check_ct_modify_config_perm: "changing feature flags (except nesting) is only allowed for root@pam").
+ENGINE_FEATURES = ('nesting=1', 'keyctl=1')
 # devN arrived in pve-container 5.0.7, shipped with PVE 8.1.
 DEVN_SINCE = (8, 1)
 # Who may open a container's GPU nodes by default: every user, as NVIDIA's driver makes them on the node. PVE itself
@@ -172,6 +179,20 @@ def _at_least(least, what):
     return check
 
 
+def _engine(key, value):
+    if value is None or value in ENGINES:
+        return None
+    return 'must be one of {0} (an OCI engine from the container\'s own packages), got {1!r}'.format(
+        ', '.join(ENGINES), value)
+
+
+def engine_features(features):
+    """A container's features (PVE's list, 'key=value' each) with what its engine needs set."""
+    wanted = dict(f.split('=', 1) for f in ENGINE_FEATURES)
+    kept = [f for f in features or [] if str(f).split('=', 1)[0] not in wanted]
+    return kept + list(ENGINE_FEATURES)
+
+
 def _rootfs(key, value):
     if value is None or isinstance(value, int) and value > 0 or isinstance(value, str):
         return None
@@ -195,7 +216,8 @@ ENTRY_CHECKS = (('vmid', _vmid), ('hostname', _hostname), ('node', _node),
                 ('onboot', _bool), ('restart_on_pending', _bool), ('nameserver', _words), ('searchdomain', _words), ('net', _net),
                 ('rootfs', _rootfs), ('gpus', _gpus), ('gpu_mode', _gpu_mode), ('gpu_gid', _gpu_gid),
                 ('shm_mb', _at_least(1, "the size of the container's /dev/shm in MiB")),
-                ('nofile', _at_least(1024, "the container's open-file limit")), ('rdma', _bool))
+                ('nofile', _at_least(1024, "the container's open-file limit")), ('rdma', _bool),
+                ('engine', _engine))
 
 
 def _devn_problem(pve, is_root_password, passthrough, node=None):
@@ -400,13 +422,23 @@ class Fleet(object):
             if check(key, value)]
         problems += self.unparsed_versions(pve)
         problems += errors(self.containers, self.gpus, pve, is_root_password, self.gpu_sharing, self.passthrough)
-        problems += self.host_paths() if root is False else []
+        problems += self.host_paths() + self.engine_logins() if root is False else []
         problems += self.unlocked()
         problems += self.below_floor() if self.driver_floor else []
         problems += self.held_elsewhere()
         problems += self.unconfirmed()
         if problems:
             raise FleetError(problems)
+
+    def engine_logins(self):
+        """Each entry that asks for an OCI engine, for a run whose login is not root@pam's password: its features
+        (ENGINE_FEATURES) are refused to it at the change, so it is refused here, before anything changes."""
+        return ['containers[{0}] (vmid {1}).engine: {2} needs the features {3}, and PVE lets only root@pam with its '
+                'password set keyctl (and any feature of a privileged container); the API login is another. Set '
+                'gpufleet_api_user: root@pam and gpufleet_api_password (from a vault) for provisioning runs.'.format(
+                    i, e.get('vmid'), e['engine'], ','.join(ENGINE_FEATURES))
+                for i, e in enumerate(self.containers if isinstance(self.containers, list) else [])
+                if isinstance(e, dict) and e.get('engine') in ENGINES and e.get('state') != 'absent']
 
     def host_paths(self):
         """Each mount point of an entry that is a host path, for a run whose login is not root@pam's password: PVE
@@ -561,6 +593,8 @@ class Fleet(object):
                     'description', 'onboot', 'storage', 'state', 'nameserver', 'searchdomain', 'restart_on_pending'):
             if entry.get(key) is not None:
                 spec[key] = entry[key]
+        if entry.get('engine'):
+            spec['features'] = engine_features(spec.get('features'))
         if entry.get('template'):
             spec['ostemplate'] = entry['template']
         if self.tag:

@@ -1,6 +1,6 @@
-"""An OCI engine inside a GPU container, given the container's GPUs through CDI, for real: Debian's Podman installed
-with apt in an unprivileged lab container with nesting, the spec written by cdi_spec from the container's device nodes
-and its driver bundle, and a nested container, from an image built here from Debian's busybox, started with
+"""An OCI engine inside a GPU container, given the container's GPUs through CDI, for real: a fleet entry with
+engine: podman gets the features it needs and Debian's Podman installed with apt in its unprivileged lab container,
+and the spec written by cdi_spec from the container's device nodes and its driver bundle, and a nested container, from an image built here from Debian's busybox, started with
 --device nvidia.com/gpu=all: it sees exactly the container's GPU nodes (which open with ENXIO, as the lab's GPUs do)
 and the driver's libraries; a spec of another driver is found stale and written again."""
 
@@ -21,8 +21,8 @@ VMID = 361
 PODMAN = 'podman run --rm --cgroups=disabled --network=none --device nvidia.com/gpu=all localhost/gpufleet-probe '
 # The lab's rootfs is an overlay, on which Podman's overlay storage cannot stack ("'overlay' is not supported over
 # overlayfs"): its images are kept with vfs here (on PVE's ext4 or ZFS rootfs, overlay).
-IMAGE = ("set -e; apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
-         "podman crun busybox-static >/dev/null; printf '[storage]\\ndriver = \"vfs\"\\nrunroot = \"/run/containers/storage\"\\n"
+IMAGE = ("set -e; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends busybox-static "
+         ">/dev/null; printf '[storage]\\ndriver = \"vfs\"\\nrunroot = \"/run/containers/storage\"\\n"
          "graphroot = \"/var/lib/containers/storage\"\\n' > /etc/containers/storage.conf; "
          "rm -rf /var/lib/containers/storage /tmp/img; mkdir -p /tmp/img/bin /tmp/img/dev /tmp/img/proc "
          "/tmp/img/sys /tmp/img/usr/lib/x86_64-linux-gnu /tmp/img/usr/bin; cp /bin/busybox /tmp/img/bin/; "
@@ -39,9 +39,11 @@ def container(tmp_path_factory, creds, lab):
     pve = Pve(_api(creds, user='root@pam', password=creds['api_password']), creds['node'])
     pve.made.append(VMID)
     tmp = tmp_path_factory.mktemp('engine-site')
-    fleet = [entry(VMID, 'engine-a', [1, 4], memory=1024, features=['nesting=1', 'keyctl=1'])]
+    fleet = [entry(VMID, 'engine-a', [1, 4], memory=1024, engine='podman')]
     result = site(tmp, fleet)
     assert result.rc == 0, result.failures()
+    assert set(pve.ct(VMID).config.get()['features'].split(',')) == {'nesting=1', 'keyctl=1'}
+    assert sh('podman --version').stdout.startswith('podman version ')
     built = sh(IMAGE)
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     yield pve
@@ -55,12 +57,14 @@ def cdi(tmp_path, creds, check=False):
 
 
 def test_a_nested_container_sees_exactly_the_containers_gpus_and_the_drivers_libraries(container, tmp_path, creds):
+    # the run wrote the spec
+    again = cdi(tmp_path, creds)
+    assert not again.get('failed') and again['changed'] is False and again['findings'] == [], again
+    assert again['path'] == '/etc/cdi/nvidia.com-gpu.json'
+    assert sh('rm /etc/cdi/nvidia.com-gpu.json').returncode == 0
     written = cdi(tmp_path, creds)
     assert not written.get('failed') and written['changed'] is True, written
     assert [f['check'] for f in written['findings']] == ['cdi_missing']
-    assert written['path'] == '/etc/cdi/nvidia.com-gpu.json'
-    again = cdi(tmp_path, creds)
-    assert not again.get('failed') and again['changed'] is False and again['findings'] == []
     # the engine reads the spec: the GPU nodes the container has (its GPUs 1 and 4 of the node, whose minors the node
     # chose), its control nodes, and the driver's libraries at its version
     mine = sorted(n for n in sh('ls /dev').stdout.split() if n.startswith('nvidia'))

@@ -113,6 +113,17 @@ def test_the_version_is_read_only_where_the_mode_depends_on_it(play):
     assert res.get('failed') and 'root@pam' in res['msg'], res.get('msg')
 
 
+def test_an_engine_gets_its_features_and_a_login_that_may_not_set_them_is_refused_before_any_request(play):
+    res = planned(play, [entry(990, features=['mount=nfs', 'nesting=0'], engine='podman')])
+    assert not res.get('failed'), res.get('msg')
+    assert res['containers'][0]['features'] == ['mount=nfs', 'nesting=1', 'keyctl=1']
+    token = dict(AWAY, api_token_id='t', api_token_secret='s')
+    token.pop('api_password')
+    res = planned(play, [entry(990, engine='podman')], api=token)
+    assert res.get('failed') and 'containers[0] (vmid 990).engine: podman needs the features nesting=1,keyctl=1, and ' \
+        'PVE lets only root@pam with its password set keyctl' in res['msg'], res.get('msg')
+
+
 def test_the_first_node_of_api_host_that_answers_serves_the_run(play):
     """api_host may list several nodes: one that does not answer (127.0.0.2: nothing listens there) is passed over;
     where none answers, each is named."""

@@ -9,7 +9,7 @@ from ansible_collections.gpufleet.proxmox.plugins.plugin_utils import _fleet, _v
 NODES = {'gpu01': [0, 1, 2, 3], 'util01': [], 'nogpu': None}
 KNOWN = ('vmid, hostname, node, gpus, cores, memory, swap, rootfs, net, template, storage, unprivileged, features, '
          'tags, description, onboot, mounts, devices, state, venv_profile, nameserver, searchdomain, gpu_mode, gpu_gid, '
-         'restart_on_pending, shm_mb, nofile, rdma')
+         'restart_on_pending, shm_mb, nofile, rdma, engine')
 
 
 def test_every_key_checked_in_order_unknown_keys_first():
@@ -221,3 +221,19 @@ def test_a_container_whose_gpus_a_redirecting_bridge_stands_between_is_named_in_
     assert plan['p2p_blocked'] == {200: [{'gpus': [0, 1], 'bridge': '0000:02:00.0', 'acs': rr},
                                          {'gpus': [0, 1], 'bridge': '0000:02:01.0', 'acs': rr}]}
     assert _fleet.Fleet(fleet, {'gpu01': {'indexes': [0, 1, 2, 3]}}).plan()['p2p_blocked'] == {}  # path unknown
+
+
+def test_an_engine_is_one_the_collection_installs_and_needs_a_login_that_may_set_its_features():
+    entry = {'vmid': 200, 'hostname': 'a', 'node': 'gpu01', 'engine': 'podman'}
+    assert _fleet.errors([entry], NODES) == []
+    assert _fleet.errors([dict(entry, engine='lxd')], NODES) == [
+        "containers[0] (vmid 200).engine: must be one of podman (an OCI engine from the container's own packages), "
+        "got 'lxd'"]
+    with pytest.raises(_fleet.FleetError) as refused:
+        _fleet.Fleet([entry], {'gpu01': {'indexes': []}}).check(root=False)
+    assert str(refused.value).count('engine: ') == 1
+    assert 'containers[0] (vmid 200).engine: podman needs the features nesting=1,keyctl=1' in str(refused.value)
+    _fleet.Fleet([entry], {'gpu01': {'indexes': []}}).check(root=True)
+    assert _fleet.engine_features(['nesting=0', 'fuse=1']) == ['fuse=1', 'nesting=1', 'keyctl=1']
+    spec = _fleet.Fleet([entry], {'gpu01': {'indexes': []}}).spec(entry, 'devn')
+    assert spec['features'] == ['nesting=1', 'keyctl=1']
