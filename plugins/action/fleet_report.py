@@ -68,7 +68,7 @@ class Run(object):
             build = self.var(h, 'build') or {}
             # the driver step's result: the venv build's where it made it (gpu_container_driver_with_venv)
             out[h] = {'driver': build.get('driver') or self.var(h, 'driver'), 'build': build or None,
-                      'report': self.verify_reports[h]}
+                      'report': self.verify_reports[h], 'engine': self.var(h, 'engine')}
         return out
 
 

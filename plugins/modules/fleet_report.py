@@ -91,6 +91,10 @@ options:
         description: The snapshot taken before the container's change (gpu_container's), on the containers.
         type: str
         default: gpufleet_snapshot
+      engine:
+        description: The CDI spec of the container's GPUs for its OCI engine (container_engine's C(cdi_spec) result).
+        type: str
+        default: container_engine_cdi
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -153,6 +157,7 @@ ARGUMENT_SPEC = {
         'build': {'type': 'str', 'default': 'torch_venv_build'},
         'driver': {'type': 'str', 'default': 'gpu_container_driver'},
         'snapshot': {'type': 'str', 'default': 'gpufleet_snapshot'},
+        'engine': {'type': 'str', 'default': 'container_engine_cdi'},
     }},
 }
 

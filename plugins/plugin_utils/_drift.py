@@ -181,13 +181,16 @@ def containers(reconcile, fleet, check_mode=True, devices=None, gpus=None):
     return out
 
 
-def container(driver=None, build=None, report=None):
-    """A running container's own drift: its userspace driver, its venv against its lock (the build's result and
-    the audit it returned), its verification."""
+def container(driver=None, build=None, report=None, engine=None):
+    """A running container's own drift: its userspace driver, the CDI spec of its GPUs for its OCI engine (engine:
+    cdi_spec's result), its venv against its lock (the build's result and the audit it returned), its
+    verification."""
     items = []
     if driver and driver.get('match') in (False, 'False') and driver.get('node_version'):
         items.append(_item('driver', 'userspace_driver', 'libcuda {0} but the node runs {1}'.format(
             driver.get('version') or 'none', driver.get('node_version'))))
+    for f in (engine or {}).get('findings') or []:
+        items.append(_item('engine', f.get('check'), f.get('msg')))
     if build and build.get('built') and build.get('python_changed'):
         items.append(_item('venv', 'python_changed', 'the container\'s Python is now {to}, and the active venv was made for '
                            '{from}: build {id} for {to} from its lock'.format(id=build.get('id'), **build['python_changed'])))

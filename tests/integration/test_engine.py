@@ -10,12 +10,14 @@ import subprocess
 import pytest
 
 from conftest import Pve, _api, site
+from test_drift import drift, summary
 from test_gpu_container_role import entry
 from test_pct_connection import inventory, run
 
 pytestmark = pytest.mark.lab
 
 VMID = 361
+FLEET = [entry(VMID, 'engine-a', [1, 4], memory=1024, engine='podman')]
 # This host's cgroups are v1 and read-only in the container: crun cannot make the nested container's cgroup there,
 # so the lab runs it without one (PVE 8 and 9 run cgroup v2 with a delegated subtree, where Podman makes it).
 PODMAN = 'podman run --rm --cgroups=disabled --network=none --device nvidia.com/gpu=all localhost/gpufleet-probe '
@@ -39,8 +41,7 @@ def container(tmp_path_factory, creds, lab):
     pve = Pve(_api(creds, user='root@pam', password=creds['api_password']), creds['node'])
     pve.made.append(VMID)
     tmp = tmp_path_factory.mktemp('engine-site')
-    fleet = [entry(VMID, 'engine-a', [1, 4], memory=1024, engine='podman')]
-    result = site(tmp, fleet)
+    result = site(tmp, FLEET)
     assert result.rc == 0, result.failures()
     assert set(pve.ct(VMID).config.get()['features'].split(',')) == {'nesting=1', 'keyctl=1'}
     assert sh('podman --version').stdout.startswith('podman version ')
@@ -100,3 +101,19 @@ def test_a_spec_of_another_driver_is_stale_in_check_mode_and_written_again(conta
     spec = json.loads(sh('cat /etc/cdi/nvidia.com-gpu.json').stdout)
     assert spec == fixed['spec'], (spec, fixed['spec'])
     assert sh(PODMAN + 'true').returncode == 0
+
+
+def test_a_stale_spec_is_drift_that_a_check_reports_and_a_plain_run_repairs(container, tmp_path):
+    assert sh("sed -i 's/580.95.05/570.172.08/g' /etc/cdi/nvidia.com-gpu.json").returncode == 0
+    check = drift(tmp_path, FLEET, '--check', '--skip-tags', 'venv,verify')
+    assert check.rc == 0, check.failures()
+    items = summary(tmp_path)['containers']['engine-a']
+    assert [(i['stage'], i['item']) for i in items] == [('engine', 'cdi_stale')], items
+    assert 'libcuda.so.570.172.08' in items[0]['detail']
+    assert '570.172.08' in sh('cat /etc/cdi/nvidia.com-gpu.json').stdout  # a check changes nothing
+    fix = drift(tmp_path, FLEET, '--skip-tags', 'venv,verify')
+    assert fix.rc == 0, fix.failures()
+    assert [(i['stage'], i['item']) for i in summary(tmp_path)['containers']['engine-a']] == [('engine', 'cdi_stale')]
+    assert '570.172.08' not in sh('cat /etc/cdi/nvidia.com-gpu.json').stdout and sh(PODMAN + 'true').returncode == 0
+    clean = drift(tmp_path, FLEET, '--check', '--skip-tags', 'venv,verify')
+    assert clean.rc == 0 and summary(tmp_path)['containers'].get('engine-a', []) == [], summary(tmp_path)

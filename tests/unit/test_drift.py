@@ -190,6 +190,14 @@ def test_a_venv_build_says_what_a_repair_builds_switches_or_writes():
     assert _drift.container() == []
 
 
+def test_a_stale_cdi_spec_is_the_engines_item_and_a_current_one_none():
+    stale = {'check': 'cdi_stale', 'msg': 'the CDI spec mounts libcuda.so.570.172.08 that the driver bound in no longer '
+                                          'has (a spec of another driver)'}
+    assert _drift.container(driver={'match': True, 'node_version': '580'}, engine={'changed': True, 'findings': [stale]}) == [
+        {'stage': 'engine', 'item': 'cdi_stale', 'detail': stale['msg']}]
+    assert _drift.container(engine={'changed': False, 'findings': []}) == []
+
+
 def test_the_fleets_report_counts_what_a_run_repairs_what_waits_and_what_is_the_operators():
     verdict = {'containers': [{'host': 'train-b', 'state': 'unreached', 'why': 'its node was not reached'},
                               {'host': 'util', 'state': 'unread'}, {'host': 'train-a', 'state': 'verified'}]}
