@@ -9,7 +9,11 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ROOT
 from fakewheels import LIBDIR, LIBS, SAME_BYTES, wheels  # noqa: F401 (a fixture)
+
+sys.path.insert(0, os.path.join(ROOT, '.collections'))  # the checkout's module_utils, as the unit tests import them
+from ansible_collections.gpufleet.proxmox.plugins.module_utils import _venv_python  # noqa: E402
 
 pytestmark = pytest.mark.lab
 UV = os.path.join(os.path.dirname(sys.executable), 'uv')
@@ -18,6 +22,7 @@ UV = os.path.join(os.path.dirname(sys.executable), 'uv')
 def make_venv(tmp_path, wheels, *steps):
     venv = str(tmp_path / 'venv')
     subprocess.run([sys.executable, '-m', 'venv', venv], check=True)
+    _venv_python.write_job_env(venv)  # its activation as venv_build leaves it
     for step in steps:
         pip(venv, *step, wheels=wheels)
     return venv
@@ -224,6 +229,7 @@ def test_the_plan_converges_applied_twice(play, tmp_path, wheels, installs, lock
     venv = str(tmp_path / 'venv')
     cache = {'UV_CACHE_DIR': str(tmp_path / 'uv')}
     subprocess.run([UV, 'venv', '--quiet', venv], check=True, env=dict(os.environ, **cache))
+    _venv_python.write_job_env(venv)
     offline = ['--offline', '--no-index', '--find-links', wheels]
     for name in installs:  # one at a time, in this order
         subprocess.run([UV, 'pip', 'install', '--quiet', '--python', venv, '--no-deps', name] + offline, check=True,
@@ -261,6 +267,7 @@ def test_a_library_only_an_import_opens_is_proven_by_the_imports_of_a_full_audit
     naming the library."""
     venv = str(tmp_path / 'venv')
     subprocess.run([UV, 'venv', '--quiet', venv], check=True)
+    _venv_python.write_job_env(venv)
     subprocess.run([UV, 'pip', 'install', '--quiet', '--python', venv, '--no-deps', '--offline', '--no-index',
                     '--find-links', wheels, 'fake-globaldeps', 'fake-rt-cu13', 'fake-torch'], check=True,
                    env=dict(os.environ, UV_CACHE_DIR=str(tmp_path / 'uv')))
