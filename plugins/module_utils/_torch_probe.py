@@ -431,9 +431,11 @@ def job_env(venv):
     """The environment a job has that sources the venv's activate: this one's, with what the activate script exports
     of _venv_python.JOB_ENV (and nothing of it where the script does not)."""
     env = dict((k, v) for k, v in os.environ.items() if k not in dict(_venv_python.JOB_ENV))
-    lacking = dict((os.path.basename(path), names) for path, names, _lines in _venv_python.job_env_missing(venv))
-    env.update((k, v) for k, v in _venv_python.JOB_ENV if (k, v) not in lacking.get('activate', ())
-               and os.path.exists(os.path.join(venv, 'bin', 'activate')))
+    activate = os.path.join(venv, 'bin', 'activate')
+    if os.path.exists(activate):
+        lacking = [pair for path, pairs, _lines in _venv_python.job_env_missing(venv) if path == activate
+                   for pair in pairs]
+        env.update(pair for pair in _venv_python.JOB_ENV if pair not in lacking)
     env['PYTHONDONTWRITEBYTECODE'] = '1'
     return env
 
