@@ -41,9 +41,14 @@ def bundle_libraries(mount):
         names = sorted(os.listdir(lib))
     except OSError:
         return []
-    links = dict((os.readlink(os.path.join(lib, n)), n) for n in names if os.path.islink(os.path.join(lib, n)))
-    return [(n, links.get(n)) for n in names if not os.path.islink(os.path.join(lib, n))
-            and os.path.isfile(os.path.join(lib, n))]
+    links, files = {}, []
+    for name in names:
+        path = os.path.join(lib, name)
+        if os.path.islink(path):
+            links[os.readlink(path)] = name
+        elif os.path.isfile(path):
+            files.append(name)
+    return [(name, links.get(name)) for name in files]
 
 
 def make(vendor, gpu_nodes, control_nodes, mount, machine=None):

@@ -157,10 +157,16 @@ def _gpu_mode(key, value):
     return "must be an octal mode as a string, as '0666' or '0660', got {0!r}".format(value)
 
 
-def _gpu_gid(key, value):
-    if value is None or _whole(value) and value >= 0:
-        return None
-    return 'must be a group id of the container (a whole number, 0 or more), got {0!r}'.format(value)
+def _at_least(least, what):
+    """The check of a whole number of at least least, said as what it is (or None: not given)."""
+    def check(key, value):
+        if value is None or _whole(value) and value >= least:
+            return None
+        return 'must be {0} (a whole number, {1} or more), got {2!r}'.format(what, least, value)
+    return check
+
+
+_gpu_gid = _at_least(0, 'a group id of the container')
 
 
 def _net(key, value):
@@ -169,14 +175,6 @@ def _net(key, value):
     if isinstance(value, str) and 'bridge=' not in value:
         return '{0!r} names no bridge (bridge=vmbr0)'.format(value)
     return None
-
-
-def _at_least(least, what):
-    def check(key, value):
-        if value is None or _whole(value) and value >= least:
-            return None
-        return 'must be {0} (a whole number, {1} or more), got {2!r}'.format(what, least, value)
-    return check
 
 
 def _engine(key, value):
@@ -188,8 +186,8 @@ def _engine(key, value):
 
 def engine_features(features):
     """A container's features (PVE's list, 'key=value' each) with what its engine needs set."""
-    wanted = dict(f.split('=', 1) for f in ENGINE_FEATURES)
-    kept = [f for f in features or [] if str(f).split('=', 1)[0] not in wanted]
+    names = set(f.split('=', 1)[0] for f in ENGINE_FEATURES)
+    kept = [f for f in features or [] if str(f).split('=', 1)[0] not in names]
     return kept + list(ENGINE_FEATURES)
 
 
